@@ -1,0 +1,3 @@
+# XSA at 2.7B: the SA baseline with exclusive self-attention, nothing else changed
+exec(open("config/sa_2p7b.py").read())
+attn_type = "xsa"

@@ -1,0 +1,289 @@
+"""
+A GPT language model with standard (SA) or exclusive (XSA) self-attention, in one file.
+
+XSA (Zhai, "Exclusive Self Attention", arXiv:2603.09078): after y = softmax(qk^T)v, each
+head removes from y_i its component along the token's own value vector,
+    z_i = y_i - (y_i . v_i / |v_i|^2) v_i,
+so a head can only pass on information from the *other* tokens. No new parameters.
+
+The architecture is nanoGPT with the paper's three changes: RoPE instead of learned
+positions, a LayerNorm right after the token embedding, and a head width set
+independently of the model width.
+"""
+
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+ATTN_TYPES = ("sa", "xsa")
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # longest sequence the model is trained on (sinks not counted)
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for efficiency
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block
+    n_embd: int = 768  # model (residual stream) width
+    head_dim: int | None = None  # width of one head; None means n_embd // n_head
+    attn_type: str = "sa"  # "sa": standard self-attention, "xsa": exclusive self-attention
+    xsa_gate: bool = False  # XSA only: z = y - tanh(alpha) * proj, alpha per head, zero-init (starts as SA)
+    n_sinks: int = 0  # learned sink tokens prepended to every sequence (StreamingLLM-style); never scored
+    rope_theta: float = 10000.0  # RoPE base frequency
+    bias: bool = False  # biases in Linear and LayerNorm layers
+    dropout: float = 0.0  # dropout on attention weights and residual branches
+
+    def __post_init__(self):
+        if self.attn_type not in ATTN_TYPES:
+            raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {self.attn_type!r}")
+        if self.head_dim is None:
+            if self.n_embd % self.n_head:
+                raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; set head_dim")
+            self.head_dim = self.n_embd // self.n_head
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.xsa_gate and self.attn_type != "xsa":
+            raise ValueError("xsa_gate=True needs attn_type='xsa'")
+
+
+# -----------------------------------------------------------------------------
+# Exclusive self-attention: remove from each head's output its projection on the own value.
+
+def exclude_self_reference(y, v):
+    """The paper's two lines: the readable reference the fast version is tested against."""
+    vn = F.normalize(v, dim=-1)
+    return y - (y * vn).sum(dim=-1, keepdim=True) * vn
+
+
+class ExcludeSelf(torch.autograd.Function):
+    """
+    Same result as exclude_self_reference, with a hand-written backward.
+    Autograd through the two lines saves several head-sized tensors and launches many small
+    kernels; here only y and v are saved (SDPA keeps both anyway) and vn is recomputed.
+    Dot products run in fp32 so the projection is removed accurately under bf16 autocast.
+    With g = dL/dz, s = g.vn, c = y.vn, r = 1/max(|v|, eps):
+        dL/dy = g - s vn,   u = -(c g + s y),   dL/dv = (u - (u.vn) vn) r
+    """
+    eps = 1e-12  # as F.normalize
+
+    @staticmethod
+    def _normalize(v):
+        norm = v.norm(dim=-1, keepdim=True)
+        r = 1.0 / norm.clamp_min(ExcludeSelf.eps)
+        return v * r, r, norm
+
+    @staticmethod
+    def forward(ctx, y, v):
+        ctx.save_for_backward(y, v)
+        yf, vf = y.float(), v.float()
+        vn, _, _ = ExcludeSelf._normalize(vf)
+        c = (yf * vn).sum(dim=-1, keepdim=True)
+        return (yf - c * vn).to(y.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_z):
+        y, v = ctx.saved_tensors
+        yf, vf, g = y.float(), v.float(), grad_z.float()
+        vn, r, norm = ExcludeSelf._normalize(vf)
+        c = (yf * vn).sum(dim=-1, keepdim=True)
+        s = (g * vn).sum(dim=-1, keepdim=True)
+        grad_y = g - s * vn
+        u = -(c * g + s * yf)
+        # below eps F.normalize is v / eps, a plain scaling with no tangential projection
+        tangential = torch.where(norm > ExcludeSelf.eps, (u * vn).sum(dim=-1, keepdim=True), 0.0)
+        grad_v = (u - tangential * vn) * r
+        return grad_y.to(y.dtype), grad_v.to(v.dtype)
+
+
+def exclude_self(y, v):
+    """z = y - (y.v / |v|^2) v per head and position; y, v: (B, n_head, T, head_dim)."""
+    return ExcludeSelf.apply(y, v)
+
+
+# -----------------------------------------------------------------------------
+# Rotary position embedding (rotate-half form, as in GPT-NeoX and Llama)
+
+def rope_tables(seq_len, head_dim, theta, device=None):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=device), inv_freq)
+    return angles.cos(), angles.sin()  # (seq_len, head_dim // 2) each
+
+
+def apply_rope(x, cos, sin):
+    """x: (B, n_head, T, head_dim); cos, sin: (T, head_dim // 2)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.type_as(x)
+
+
+# -----------------------------------------------------------------------------
+# Building blocks
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        attn_width = config.n_head * config.head_dim  # may differ from n_embd (paper, Table 1)
+        self.c_attn = nn.Linear(config.n_embd, 3 * attn_width, bias=config.bias)
+        self.c_proj = nn.Linear(attn_width, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        self.attn_type = config.attn_type
+        # gated XSA: alpha = 0 makes the block exactly SA at initialisation
+        self.xsa_alpha = nn.Parameter(torch.zeros(config.n_head)) if config.xsa_gate else None
+
+    def project_qkv(self, x, cos, sin):
+        """Per-head q, k (rotated) and v, each (B, n_head, T, head_dim)."""
+        B, T, _ = x.size()
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.size()
+        q, k, v = self.project_qkv(x, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        if self.attn_type == "xsa":
+            z = exclude_self(y, v)
+            if self.xsa_alpha is not None:
+                gate = torch.tanh(self.xsa_alpha).view(1, -1, 1, 1).to(y.dtype)
+                z = y + gate * (z - y)  # = y - tanh(alpha) * proj
+            y = z
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.ln_1(x), cos, sin)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+# -----------------------------------------------------------------------------
+# The model
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            ln_emb=nn.LayerNorm(config.n_embd, bias=config.bias),  # the paper's extra LayerNorm
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.sinks = nn.Parameter(torch.empty(config.n_sinks, config.n_embd)) if config.n_sinks else None
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied input/output embeddings
+        # RoPE tables are derived, not learned: kept out of the state dict
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.init_weights()
+
+    def init_weights(self):
+        """nanoGPT init: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
+        cos, sin = rope_tables(self.config.n_sinks + self.config.block_size, self.config.head_dim,
+                               self.config.rope_theta, device=self.lm_head.weight.device)
+        self.rope_cos, self.rope_sin = cos, sin
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+            elif name.endswith("xsa_alpha") or name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif ".ln_" in name or name.startswith("transformer.ln_"):
+                nn.init.ones_(p)
+            else:  # Linear and embedding weights, sinks
+                nn.init.normal_(p, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding=True):
+        """Parameter count; non_embedding leaves out the (tied) token embedding, as the paper counts."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wte.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len=None):
+        """Training FLOPs per token (forward + backward): 6N for the matmuls, including the output
+        layer, plus 12 * n_layer * attention width * seq_len for QK^T and AV (PaLM convention)."""
+        c = self.config
+        seq_len = seq_len or c.block_size
+        n_matmul = self.num_params(non_embedding=True) + self.lm_head.weight.numel()
+        return 6 * n_matmul + 12 * c.n_layer * c.n_head * c.head_dim * (seq_len + c.n_sinks)
+
+    def forward(self, idx, targets=None):
+        """idx, targets: (B, T) token ids; targets of -1 are ignored. Returns (logits, loss)."""
+        B, T = idx.size()
+        S = self.config.n_sinks
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of length {T} exceeds block_size {self.config.block_size}")
+        x = self.transformer.wte(idx)
+        if S:
+            x = torch.cat((self.sinks.to(x.dtype).expand(B, -1, -1), x), dim=1)
+        x = self.transformer.drop(self.transformer.ln_emb(x))
+        cos, sin = self.rope_cos[:S + T], self.rope_sin[:S + T]
+        for block in self.transformer.h:
+            x = block(x, cos, sin)
+        x = self.transformer.ln_f(x[:, S:])  # sink outputs never reach the loss
+        logits = self.lm_head(x)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW; weight decay only on matrices (>= 2-D), not on norms, biases or XSA gates."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        extra = {"fused": True} if fused else {}
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Sample max_new_tokens continuations of idx (B, T); temperature 0 is greedy."""
+        for _ in range(max_new_tokens):
+            idx_cond = idx[:, -self.config.block_size:]
+            logits, _ = self(idx_cond)
+            logits = logits[:, -1, :]
+            if temperature == 0:
+                next_id = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, next_id), dim=1)
+        return idx
