@@ -49,3 +49,40 @@ def data_dir(tmp_path_factory, corpus_docs):
     for i, (a, b) in enumerate([(0, 60_000), (60_000, 95_000), (95_000, 150_000)]):
         write_shard(str(out / f"fineweb_train_{i + 1:06d}.bin"), train[a:b])
     return str(out)
+
+
+def micro_args(data_dir, out_dir, **overrides):
+    """train.py arguments for the micro model: a few seconds per dozen steps on 2 cores."""
+    settings = dict(MICRO, data_dir=data_dir, out_dir=out_dir, batch_size=4, total_batch_size=2 * 4 * 32,
+                    max_iters=20, warmup_iters=4, learning_rate=3e-3, eval_interval=10, val_tokens=4096,
+                    log_interval=1, checkpoint_interval=10, compile=False, device="cpu", dtype="float32",
+                    wandb_log=False)
+    settings.update(overrides)
+    return [f"--{k}={v}" for k, v in settings.items()]
+
+
+def run_train(args, nproc=1, check=True, timeout=600, env=None):
+    """Run train.py (or torchrun with nproc processes) from the repo root; returns CompletedProcess."""
+    import subprocess
+    if nproc == 1:
+        cmd = [sys.executable, "train.py", *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "train.py", *args]
+    full_env = dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else "2", **(env or {}))
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def trained_runs(tmp_path_factory, data_dir):
+    """Micro SA and XSA runs trained once for the session: {"sa": out_dir, "xsa": out_dir}."""
+    runs = {}
+    for attn_type in ("sa", "xsa"):
+        out = str(tmp_path_factory.mktemp(f"run_{attn_type}"))
+        run_train(micro_args(data_dir, out, attn_type=attn_type, max_iters=40, eval_interval=20,
+                             checkpoint_interval=20))
+        runs[attn_type] = out
+    return runs
