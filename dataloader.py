@@ -84,10 +84,16 @@ class TrainLoader:
 def val_sequences(data_dir, block_size, val_tokens):
     """The fixed validation set: the first val_tokens tokens of the val shards (capped at what
     they hold) as (x, y) int64 tensors of shape (n_sequences, block_size)."""
-    paths = list_shards(data_dir, "val")
-    tokens = np.concatenate([np.asarray(read_shard(p)) for p in paths])
-    n_seq = (min(val_tokens, len(tokens) - 1)) // block_size
-    if n_seq == 0:
+    pieces, have = [], 0
+    for path in list_shards(data_dir, "val"):
+        if have > val_tokens:
+            break
+        piece = np.asarray(read_shard(path)[:val_tokens + 1 - have])  # read only what is scored
+        pieces.append(piece)
+        have += len(piece)
+    tokens = np.concatenate(pieces)
+    n_seq = (len(tokens) - 1) // block_size
+    if n_seq <= 0:
         raise ShardError(f"{data_dir}: val shards hold {len(tokens)} tokens, fewer than one sequence of {block_size + 1}")
     chunk = torch.from_numpy(tokens[:n_seq * block_size + 1].astype(np.int64))
     return chunk[:-1].view(n_seq, block_size), chunk[1:].view(n_seq, block_size)

@@ -32,8 +32,9 @@ class MetricsLogger:
         if not self.enabled:
             return
         print(message, flush=True)
-        with open(self.log_path, "a", encoding="utf-8") as f:
-            f.write(message + "\n")
+        if os.path.isdir(os.path.dirname(self.log_path)):  # not yet created while the run is being checked
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(message + "\n")
 
     def keep_steps_up_to(self, step):
         """On resume: drop records logged after the checkpoint, so each step appears once."""

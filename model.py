@@ -77,9 +77,15 @@ class ExcludeSelf(torch.autograd.Function):
         return v * r, r, norm
 
     @staticmethod
+    def _upcast(*tensors):
+        # at least fp32 for the reductions; float64 stays float64 (gradcheck)
+        dtype = torch.promote_types(tensors[0].dtype, torch.float32)
+        return [t.to(dtype) for t in tensors]
+
+    @staticmethod
     def forward(ctx, y, v):
         ctx.save_for_backward(y, v)
-        yf, vf = y.float(), v.float()
+        yf, vf = ExcludeSelf._upcast(y, v)
         vn, _, _ = ExcludeSelf._normalize(vf)
         c = (yf * vn).sum(dim=-1, keepdim=True)
         return (yf - c * vn).to(y.dtype)
@@ -87,7 +93,7 @@ class ExcludeSelf(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_z):
         y, v = ctx.saved_tensors
-        yf, vf, g = y.float(), v.float(), grad_z.float()
+        yf, vf, g = ExcludeSelf._upcast(y, v, grad_z)
         vn, r, norm = ExcludeSelf._normalize(vf)
         c = (yf * vn).sum(dim=-1, keepdim=True)
         s = (g * vn).sum(dim=-1, keepdim=True)

@@ -145,7 +145,7 @@ def provenance(runtime=None):
         "git_commit": commit,
         "git_dirty": dirty,
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "cuda": torch.version.cuda,
         "devices": devices,
         "world_size": runtime.world_size if runtime else 1,

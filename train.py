@@ -78,8 +78,8 @@ data_seed = None  # shard order seed; None means seed (SA and XSA with one seed 
 config_keys = [k for k, v in globals().items()
                if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))]
 
-from checkpoint import (check_architecture, load_latest_checkpoint, model_config,  # noqa: E402
-                        save_checkpoint)
+from checkpoint import (check_architecture, list_checkpoints, load_latest_checkpoint,  # noqa: E402
+                        model_config, save_checkpoint)
 from configurator import load_config  # noqa: E402
 from dataloader import TrainLoader, val_sequences  # noqa: E402
 from metrics import MetricsLogger  # noqa: E402
@@ -190,10 +190,15 @@ def train(c, runtime, log):
                                                (c["beta1"], c["beta2"]), runtime.device_type)
 
     start_step, best_val_loss, wandb_run_id = 0, float("inf"), uuid.uuid4().hex[:12]
-    if c["init_from"] == "resume":
+    if c["init_from"] not in ("scratch", "resume"):
+        raise ValueError(f"init_from must be 'scratch' or 'resume', got {c['init_from']!r}")
+    if c["init_from"] == "resume" and not list_checkpoints(c["out_dir"]):
+        # nothing saved yet (a crash before the first checkpoint): resuming means starting over
+        log.print(f"init_from='resume': no checkpoint in {c['out_dir']} yet, starting from scratch")
+    elif c["init_from"] == "resume":
         path, ckpt = load_latest_checkpoint(c["out_dir"], map_location=runtime.device)
         if path is None:
-            raise FileNotFoundError(f"init_from='resume' but no readable checkpoint in {c['out_dir']}")
+            raise FileNotFoundError(f"init_from='resume' but no checkpoint in {c['out_dir']} is readable")
         check_architecture(ckpt["config"], c, path)
         raw_model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -208,8 +213,6 @@ def train(c, runtime, log):
             log.print(f"note: checkpoint has RNG states of {len(states)} ranks, resuming on {runtime.world_size}")
         set_rng_state(states[runtime.rank % len(states)], runtime.device_type)
         log.print(f"resuming from {path} at step {start_step}")
-    elif c["init_from"] != "scratch":
-        raise ValueError(f"init_from must be 'scratch' or 'resume', got {c['init_from']!r}")
 
     model = torch.compile(raw_model) if c["compile"] else raw_model
     train_model = DDP(model, device_ids=[runtime.local_rank] if runtime.device_type == "cuda" else None) \
@@ -354,9 +357,10 @@ def main():
     status = 0
     try:
         train(c, runtime, log)
-    except (TrainingStopped, ValueError, FileNotFoundError, OSError) as e:
+    except (TrainingStopped, ValueError, FileNotFoundError) as e:
+        # a stop that relaunching cannot fix: status 3 tells scripts/train_forever.sh not to retry
         print(f"[rank {runtime.rank}] error: {e}", file=sys.stderr, flush=True)
-        status = 1
+        status = 3
     finally:
         log.finish()
         if status == 0:

@@ -1,0 +1,71 @@
+"""configurator.py: config files, --key=value overrides and their errors, through train.py as users run it."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from configurator import ConfigError, parse_config
+
+DEFAULTS = {"learning_rate": 6e-4, "max_iters": 100, "compile": True, "attn_type": "sa", "head_dim": None}
+
+
+def run_train_cli(*args):
+    return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_config_files_then_overrides_in_order(tmp_path):
+    first, second = tmp_path / "a.py", tmp_path / "b.py"
+    first.write_text("learning_rate = 1e-3\nmax_iters = 5\n")
+    second.write_text(f"exec(open({str(first)!r}).read())\nattn_type = 'xsa'\n")
+    config, files = parse_config(DEFAULTS, [str(second), "--max_iters=7", "--compile=False", "--head_dim=64"])
+    assert config == {"learning_rate": 1e-3, "max_iters": 7, "compile": False, "attn_type": "xsa", "head_dim": 64}
+    assert files == [str(second)]
+
+
+def test_int_accepted_for_float_and_bare_strings():
+    config, _ = parse_config(DEFAULTS, ["--learning_rate=1", "--attn_type=xsa"])
+    assert config["learning_rate"] == 1.0 and type(config["learning_rate"]) is float
+    assert config["attn_type"] == "xsa"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--learnig_rate=1e-3"], "did you mean learning_rate"),
+    (["--max_iters=1.5"], "max_iters expects int"),
+    (["--compile=1"], "compile expects bool"),
+    (["--max_iters"], "--key=value"),
+])
+def test_bad_overrides_raise(args, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(DEFAULTS, args)
+
+
+def test_unknown_key_in_config_file_names_the_file(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text("max_iter = 10\n")
+    with pytest.raises(ConfigError, match=r"'max_iter' in .*bad.py; did you mean max_iters"):
+        parse_config(DEFAULTS, [str(path)])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["config/sa_tiny.py", "--learnig_rate=1e-3"], "unknown config key 'learnig_rate' in the command line; did you mean learning_rate?"),
+    (["config/sa_tiny.py", "--n_layer=2.5"], "n_layer expects int (default 12), got float 2.5"),
+    (["config/does_not_exist.py"], "config file 'config/does_not_exist.py' does not exist"),
+])
+def test_train_cli_errors_are_one_line_and_write_nothing(tmp_path, args, message):
+    out_dir = tmp_path / "run"
+    proc = run_train_cli(*args, f"--out_dir={out_dir}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"config error: {message}"
+    assert not out_dir.exists()
+
+
+def test_train_help_lists_every_key_with_default_and_comment():
+    import train
+    proc = run_train_cli("--help")
+    assert proc.returncode == 0
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines()[3:]}
+    assert set(lines) == set(train.config_keys)
+    assert "0.1" in lines["weight_decay"] and "AdamW weight decay" in lines["weight_decay"]
+    assert "'sa'" in lines["attn_type"] and "exclusive" in lines["attn_type"]

@@ -1,0 +1,195 @@
+"""Exact resume and fault tolerance: interrupted runs continue as if nothing happened."""
+
+import errno
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
+from conftest import REPO, micro_args, run_train
+from metrics import read_metrics
+
+# dropout makes every step draw random numbers, so a lost RNG state would show in the losses
+RESUME = dict(max_iters=8, lr_decay_iters=8, eval_interval=4, checkpoint_interval=4, dropout=0.1)
+
+
+def losses(out_dir):
+    return [(r["step"], r["train_loss"]) for r in read_metrics(os.path.join(out_dir, "metrics.jsonl"))]
+
+
+def digest(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_dir, tmp_path_factory):
+    """8-step runs with no interruption, SA and XSA: {attn_type: out_dir}."""
+    runs = {}
+    for attn_type in ("sa", "xsa"):
+        out = str(tmp_path_factory.mktemp(f"full_{attn_type}"))
+        run_train(micro_args(data_dir, out, attn_type=attn_type, **RESUME))
+        runs[attn_type] = out
+    return runs
+
+
+@pytest.mark.parametrize("attn_type", ["sa", "xsa"])
+def test_stop_and_resume_is_bitwise_identical(data_dir, tmp_path, uninterrupted, attn_type):
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, attn_type=attn_type, **{**RESUME, "max_iters": 4}))
+    proc = run_train(micro_args(data_dir, out, attn_type=attn_type, init_from="resume", **RESUME))
+    assert "resuming from" in proc.stdout and "at step 4" in proc.stdout
+    assert losses(out) == losses(uninterrupted[attn_type])  # exact float equality, steps 1..8 once each
+    val = [r["val_loss"] for r in read_metrics(os.path.join(out, "metrics.jsonl")) if "val_loss" in r]
+    full = [r["val_loss"] for r in read_metrics(os.path.join(uninterrupted[attn_type], "metrics.jsonl"))
+            if "val_loss" in r]
+    assert val == full
+
+
+def test_evaluation_and_checkpoints_do_not_change_training(data_dir, tmp_path, uninterrupted):
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **{**RESUME, "eval_interval": 100, "checkpoint_interval": 0}))
+    assert losses(out) == losses(uninterrupted["sa"])
+
+
+def test_sigkill_after_first_checkpoint_then_resume(data_dir, tmp_path):
+    settings = dict(RESUME, max_iters=30, lr_decay_iters=30, checkpoint_interval=3, eval_interval=100)
+    full = str(tmp_path / "full")
+    run_train(micro_args(data_dir, full, **settings))
+    out = str(tmp_path / "killed")
+    proc = subprocess.Popen([sys.executable, "train.py", *micro_args(data_dir, out, **settings)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not list_checkpoints(out) and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = int(os.path.basename(list_checkpoints(out)[-1])[5:12])
+    assert killed_at < 30
+    resumed = run_train(micro_args(data_dir, out, init_from="resume", **settings))
+    assert f"at step {killed_at}" in resumed.stdout
+    assert losses(out) == losses(full)
+
+
+def test_two_process_run_resumes_on_one_process(data_dir, tmp_path):
+    settings = dict(max_iters=6, lr_decay_iters=6, eval_interval=100, checkpoint_interval=3,
+                    batch_size=2, total_batch_size=2 * 2 * 32 * 2)
+    full = str(tmp_path / "full")
+    run_train(micro_args(data_dir, full, **settings), nproc=2)
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **{**settings, "max_iters": 3}), nproc=2)
+    run_train(micro_args(data_dir, out, init_from="resume", **settings), nproc=1)
+    for (step_a, a), (step_b, b) in zip(losses(out), losses(full), strict=True):
+        assert step_a == step_b and a == pytest.approx(b, rel=1e-5)
+
+
+def test_truncated_checkpoint_falls_back_to_previous(data_dir, tmp_path, uninterrupted):
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **RESUME))
+    newest = list_checkpoints(out)[-1]
+    assert newest.endswith("ckpt_0000008.pt")
+    with open(newest, "r+b") as f:
+        f.truncate(os.path.getsize(newest) // 2)
+    proc = run_train(micro_args(data_dir, out, init_from="resume", **RESUME))
+    assert "skipping unreadable checkpoint" in proc.stderr and "ckpt_0000008.pt" in proc.stderr
+    assert "at step 4" in proc.stdout
+    assert losses(out) == losses(uninterrupted["sa"])
+
+
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
+    good = list_checkpoints(out)
+    before = {p: digest(p) for p in good}
+    proc = run_train(micro_args(data_dir, out, init_from="resume",
+                                **{**RESUME, "learning_rate": 1e6, "log_interval": 100}), check=False)
+    assert proc.returncode == 3
+    assert "non-finite loss or gradient norm at step" in proc.stderr
+    assert list_checkpoints(out) == good and {p: digest(p) for p in good} == before
+    assert not [f for f in os.listdir(out) if ".tmp" in f]
+
+
+def test_nonfinite_steps_can_be_skipped(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    proc = run_train(micro_args(data_dir, out, **{**RESUME, "learning_rate": 1e6,
+                                                  "skip_nonfinite_steps": 1}), check=False)
+    # one bad step is tolerated; with the learning rate still absurd, the next one ends the run
+    assert "step skipped (1/1)" in proc.stdout
+    assert proc.returncode == 3 and "non-finite" in proc.stderr
+
+
+def test_resume_with_other_architecture_is_refused(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
+    proc = run_train(micro_args(data_dir, out, init_from="resume", n_layer=3, attn_type="xsa", **RESUME), check=False)
+    assert proc.returncode == 3
+    assert "different architecture" in proc.stderr
+    assert "n_layer: checkpoint 2 vs now 3" in proc.stderr and "attn_type: checkpoint 'sa' vs now 'xsa'" in proc.stderr
+
+
+def test_checkpoint_holds_the_documented_state_and_loads_weights_only(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "keep_checkpoints": 1}))
+    assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004.pt"]
+    state = torch.load(list_checkpoints(out)[0], weights_only=True)
+    assert {"model", "optimizer", "step", "loader", "rng", "config", "wandb_run_id", "best_val_loss",
+            "provenance"} <= set(state)
+    assert state["step"] == 4 and not any(k.startswith("_orig_mod.") for k in state["model"])
+    assert {"python", "numpy", "torch"} <= set(state["rng"][0])
+    assert state["loader"]["offset"] > 0 and state["config"]["n_layer"] == 2
+
+
+def test_failed_checkpoint_write_leaves_previous_intact(tmp_path, monkeypatch):
+    save_checkpoint({"step": 1, "weights": torch.ones(3)}, str(tmp_path), 1)
+    before = digest(list_checkpoints(str(tmp_path))[0])
+
+    def disk_full(obj, f):
+        f.write(b"partial bytes")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left on device.*previous checkpoints are untouched"):
+        save_checkpoint({"step": 2}, str(tmp_path), 2)
+    assert os.listdir(tmp_path) == ["ckpt_0000001.pt"]
+    assert digest(list_checkpoints(str(tmp_path))[0]) == before
+    path, state = load_latest_checkpoint(str(tmp_path))
+    assert state["step"] == 1
+
+
+def training_processes(out_dir):
+    """PIDs of train.py processes writing to out_dir (not the wrapper script)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.endswith(b"train.py") for arg in cmdline) and f"--out_dir={out_dir}".encode() in cmdline:
+            pids.append(int(pid))
+    return pids
+
+
+def test_train_forever_relaunches_after_a_crash(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    settings = dict(RESUME, max_iters=30, lr_decay_iters=30, checkpoint_interval=3, eval_interval=100)
+    full = str(tmp_path / "full")
+    run_train(micro_args(data_dir, full, **settings))
+    env = dict(os.environ, MAX_RESTARTS="3", NPROC="1", RESTART_DELAY="0", OMP_NUM_THREADS="2")
+    wrapper = subprocess.Popen(["bash", "scripts/train_forever.sh", *micro_args(data_dir, out, **settings)],
+                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not list_checkpoints(out) and time.time() < deadline:
+        time.sleep(0.05)
+    victims = training_processes(out)
+    assert victims, "no training process to crash"
+    for pid in victims:  # a crash: the node dies under the training process
+        os.kill(pid, signal.SIGKILL)
+    output, _ = wrapper.communicate(timeout=600)
+    assert wrapper.returncode == 0, output[-3000:]
+    assert "restarting" in output and "resuming from" in output
+    assert losses(out) == losses(full)
