@@ -1,0 +1,279 @@
+"""
+Zero-shot downstream evaluation of checkpoints on the paper's 8 tasks, with
+lm-evaluation-harness (`pip install "lm-eval>=0.4.13"`) as the scoring engine.
+
+One checkpoint (a file, or a run directory: its newest checkpoint):
+    python eval/downstream.py out/xsa_0p7b
+SA against XSA, with the per-task difference and the paper's Table 2 beside ours:
+    python eval/downstream.py --sa out/sa_0p7b --xsa out/xsa_0p7b --paper
+A quick look on a subset of each task:
+    python eval/downstream.py out/sa_tiny out/xsa_tiny --labels SA XSA --limit 200
+
+The table has the paper's layout: one headline metric per task (acc or acc_norm, as the
+paper says), in percent. Everything lm-eval reports (both metrics, standard errors) goes to
+the JSON file next to the markdown table in --out.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tiktoken  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from checkpoint import load_model  # noqa: E402
+from runtime import autocast, pick_device, resolve_dtype  # noqa: E402
+
+# task -> (column, headline metric), in the paper's column order
+TASKS = {
+    "arc_easy": ("ARC-E", "acc_norm"),
+    "boolq": ("BoolQ", "acc"),
+    "hellaswag": ("HSwag", "acc_norm"),
+    "lambada_openai": ("LAMBADA", "acc"),
+    "openbookqa": ("OBQA", "acc_norm"),
+    "piqa": ("PIQA", "acc_norm"),
+    "social_iqa": ("SIQA", "acc"),
+    "winogrande": ("WinoG", "acc"),
+}
+
+# the paper's Table 2 (paper.md), in percent, columns in the order of TASKS then avg
+PAPER_TABLE2 = {
+    "paper 0.7B SA": [51.26, 61.07, 55.68, 52.82, 35.00, 74.05, 40.02, 55.88, 53.22],
+    "paper 0.7B XSA": [52.69, 61.19, 56.29, 54.07, 32.20, 73.78, 41.45, 56.20, 53.48],
+    "paper 1.3B SA": [56.19, 65.47, 60.69, 56.24, 34.60, 75.90, 41.40, 58.80, 56.16],
+    "paper 1.3B XSA": [58.84, 62.29, 62.41, 58.57, 36.00, 76.61, 42.84, 59.98, 57.19],
+    "paper 2.7B SA": [58.59, 60.98, 66.20, 60.18, 37.00, 76.61, 42.94, 61.96, 58.06],
+    "paper 2.7B XSA": [60.65, 64.86, 67.40, 62.04, 38.40, 77.80, 41.45, 62.75, 59.42],
+}
+
+GPT2_VOCAB = 50257  # the model's vocabulary is padded to 50304; the extra logits are never real tokens
+
+
+def make_adapter_class():
+    """The lm-eval adapter, built on first use so that lm-eval stays an optional dependency."""
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.models.utils import Collator
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    class GPTAdapter(TemplateLM):
+        """Our GPT with tiktoken's gpt2 encoding, as lm-eval's scoring engine sees a model."""
+
+        def __init__(self, model, device="cpu", dtype="float32", batch_size=16):
+            super().__init__()
+            self.model, self.batch_size, self.dtype = model, int(batch_size), dtype
+            self._device = torch.device(device)
+            self.device_type = self._device.type
+            self.enc = tiktoken.get_encoding("gpt2")
+            self.max_length = model.config.block_size
+
+        @property
+        def eot_token_id(self):
+            return self.enc.eot_token  # 50256, also the prefix of every training document
+
+        @property
+        def tokenizer_name(self):
+            return "tiktoken-gpt2"
+
+        def tok_encode(self, string, add_special_tokens=None, **kwargs):
+            return self.enc.encode_ordinary(string)  # as the training shards were tokenized
+
+        def tok_decode(self, tokens):
+            return self.enc.decode(tokens)
+
+        @torch.no_grad()
+        def log_probs(self, idx):
+            """Log-probabilities over the real vocabulary, (B, T, 50257) float32."""
+            with autocast(self.device_type, self.dtype):
+                logits, _ = self.model(idx)
+            return F.log_softmax(logits[..., :GPT2_VOCAB].float(), dim=-1)
+
+        def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
+            """requests: ((context, continuation), context tokens, continuation tokens).
+            Returns (sum of the continuation's log-probs, whether greedy decoding produces it)."""
+            # longest first, so the first batch shows whether memory suffices
+            collator = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
+            results = []
+            for chunk in collator.get_batched(n=self.batch_size):
+                rows, cont_lens = [], []
+                for _, context, continuation in chunk:
+                    assert 0 < len(continuation) <= self.max_length, "continuation longer than the context window"
+                    # the input is everything but the last token, cut from the left to fit the window
+                    rows.append((context + continuation)[-(self.max_length + 1):][:-1])
+                    cont_lens.append(len(continuation))
+                width = max(len(r) for r in rows)
+                # right padding: a causal model's logits at real positions never see the padding
+                idx = torch.full((len(rows), width), self.eot_token_id, dtype=torch.long)
+                for i, r in enumerate(rows):
+                    idx[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+                log_probs = self.log_probs(idx.to(self._device))
+                for i, ((request, _, continuation), row, n) in enumerate(zip(chunk, rows, cont_lens)):
+                    lp = log_probs[i, len(row) - n:len(row)]  # the positions that predict the continuation
+                    target = torch.tensor(continuation, dtype=torch.long, device=lp.device)
+                    logprob = lp.gather(-1, target[:, None]).double().sum().item()
+                    greedy = bool((lp.argmax(dim=-1) == target).all())
+                    results.append((logprob, greedy))
+                    if request is not None:  # rolling windows have no request strings to cache
+                        self.cache_hook.add_partial("loglikelihood", request, (logprob, greedy))
+            return collator.get_original(results)
+
+        def loglikelihood_rolling(self, requests, disable_tqdm=False):
+            """Log-likelihood of whole documents (perplexity tasks): non-overlapping windows of
+            block_size predictions, the first conditioned on the end-of-text token."""
+            windows, owner = [], []
+            for i, request in enumerate(requests):
+                tokens = self.tok_encode(request.args[0])
+                for context, continuation in map(make_disjoint_window, get_rolling_token_windows(
+                        token_list=tokens, prefix_token=self.prefix_token_id,
+                        max_seq_len=self.max_length, context_len=1)):
+                    windows.append((None, context, continuation))
+                    owner.append(i)
+            totals = [0.0] * len(requests)
+            for i, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows)):
+                totals[i] += logprob
+            for request, total in zip(requests, totals):
+                self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
+            return totals
+
+        @torch.no_grad()
+        def generate_until(self, requests, disable_tqdm=False):
+            """Greedy decoding, one request at a time, until a stop string, end-of-text or
+            max_gen_toks. Simple rather than fast: none of the paper's tasks generate."""
+            outputs = []
+            for request in requests:
+                context, gen_kwargs = request.args
+                until = gen_kwargs.get("until") or [self.tok_decode([self.eot_token_id])]
+                until = [until] if isinstance(until, str) else list(until)
+                idx = torch.tensor([self.tok_encode(context) or [self.eot_token_id]], device=self._device)
+                new_tokens, text = [], ""
+                for _ in range(int(gen_kwargs.get("max_gen_toks", 256))):
+                    next_id = self.log_probs(idx[:, -self.max_length:])[0, -1].argmax().item()
+                    if next_id == self.eot_token_id:
+                        break
+                    new_tokens.append(next_id)
+                    idx = torch.cat((idx, torch.tensor([[next_id]], device=self._device)), dim=1)
+                    text = self.tok_decode(new_tokens)
+                    if any(stop in text for stop in until):
+                        break
+                for stop in until:
+                    text = text.split(stop)[0]
+                outputs.append(text)
+                self.cache_hook.add_partial("generate_until", request.args, text)
+            return outputs
+
+    return GPTAdapter
+
+
+def evaluate_checkpoint(path, tasks, device="auto", dtype="auto", batch_size=16, limit=None,
+                        task_manager=None, bootstrap_iters=1000):
+    """lm-eval's results for one checkpoint: {"results": {task: {metric: value}}, ...}."""
+    from lm_eval import simple_evaluate
+    device = pick_device(device)
+    model, _ = load_model(path, device)
+    adapter = make_adapter_class()(model, device, resolve_dtype(dtype, device.split(":")[0]), batch_size)
+    out = simple_evaluate(model=adapter, tasks=list(tasks), num_fewshot=0, limit=limit,
+                          task_manager=task_manager, bootstrap_iters=bootstrap_iters, log_samples=False)
+    model.to("cpu")  # free the accelerator for the next checkpoint
+    return out
+
+
+def headline_row(results):
+    """{column: headline metric in percent} for the paper's tasks present in lm-eval's results,
+    plus "avg" when all 8 are there (the paper's avg is the plain mean of the 8 columns)."""
+    row = {}
+    for task, (column, metric) in TASKS.items():
+        if task in results:
+            row[column] = 100 * results[task][f"{metric},none"]
+    if len(row) == len(TASKS):
+        row["avg"] = sum(row.values()) / len(row)
+    return row
+
+
+def format_table(rows):
+    """rows: {label: {column: percent}} -> a markdown table in the paper's layout."""
+    columns = [column for column, _ in TASKS.values()] + ["avg"]
+    lines = ["| model | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for label, row in rows.items():
+        cells = [f"{row[c]:+.2f}" if label.startswith("delta") and c in row else
+                 f"{row[c]:.2f}" if c in row else "-" for c in columns]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints", nargs="*", help="checkpoint files or run directories")
+    parser.add_argument("--labels", nargs="*", help="one label per positional checkpoint (default: its path)")
+    parser.add_argument("--sa", help="SA checkpoint; with --xsa, the table adds the row XSA - SA")
+    parser.add_argument("--xsa", help="XSA checkpoint")
+    parser.add_argument("--tasks", default=" ".join(TASKS), help="lm-eval task names, space or comma separated")
+    parser.add_argument("--limit", type=float, default=None,
+                        help="examples per task (a fraction if < 1); for quick looks only")
+    parser.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass")
+    parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (bfloat16 autocast on GPUs that support it), float32, bfloat16")
+    parser.add_argument("--include_path", default=None, help="an extra directory of lm-eval task YAMLs")
+    parser.add_argument("--no_default_tasks", action="store_true",
+                        help="index only --include_path, not lm-eval's built-in tasks (faster; local task copies)")
+    parser.add_argument("--bootstrap_iters", type=int, default=1000,
+                        help="bootstrap samples for the standard errors of non-mean metrics (LAMBADA perplexity)")
+    parser.add_argument("--paper", action="store_true", help="also show the paper's Table 2 rows")
+    parser.add_argument("--out", default="out/eval", help="directory for downstream.json and downstream.md")
+    args = parser.parse_args()
+
+    models = {}  # label -> checkpoint path
+    if args.sa or args.xsa:
+        if not (args.sa and args.xsa) or args.checkpoints:
+            parser.error("give both --sa and --xsa, and no positional checkpoints")
+        models = {"SA": args.sa, "XSA": args.xsa}
+    else:
+        if not args.checkpoints:
+            parser.error("give at least one checkpoint, or --sa and --xsa")
+        labels = args.labels or [os.path.normpath(p) for p in args.checkpoints]
+        if len(labels) != len(args.checkpoints) or len(set(labels)) != len(labels):
+            parser.error("--labels needs one distinct label per checkpoint")
+        models = dict(zip(labels, args.checkpoints))
+
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        sys.exit('eval/downstream.py needs lm-evaluation-harness: pip install "lm-eval>=0.4.13"')
+    tasks = args.tasks.replace(",", " ").split()
+    if args.no_default_tasks and not args.include_path:
+        parser.error("--no_default_tasks needs --include_path")
+    task_manager = TaskManager(include_path=args.include_path, include_defaults=not args.no_default_tasks)
+    limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+
+    report, rows = {}, {}
+    for label, path in models.items():
+        print(f"evaluating {label}: {path}", flush=True)
+        out = evaluate_checkpoint(path, tasks, args.device, args.dtype, args.batch_size, limit,
+                                  task_manager, args.bootstrap_iters)
+        rows[label] = headline_row(out["results"])
+        report[label] = {"checkpoint": path, "headline": rows[label], "results": out["results"],
+                         "n_samples": out.get("n-samples"), "versions": out.get("versions")}
+    if len(rows) == 2:
+        (a, row_a), (b, row_b) = rows.items()
+        rows[f"delta {b} - {a}"] = {c: row_b[c] - row_a[c] for c in row_b if c in row_a}
+    shown = dict(rows)
+    if args.paper:
+        columns = [column for column, _ in TASKS.values()] + ["avg"]
+        shown.update({label: dict(zip(columns, values)) for label, values in PAPER_TABLE2.items()})
+    table = format_table(shown)
+    print(table)
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "downstream.json"), "w") as f:
+        json.dump({"tasks": tasks, "limit": limit, "models": report, "table": rows}, f, indent=2, default=str)
+    with open(os.path.join(args.out, "downstream.md"), "w") as f:
+        f.write(f"Zero-shot, lm-evaluation-harness; headline metric per task as in the paper, in percent"
+                f"{'; limit ' + str(limit) + ' examples per task' if limit else ''}.\n\n{table}\n")
+    print(f"wrote {os.path.join(args.out, 'downstream.json')} and downstream.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""
+Validation loss as a function of the position in the context: does a model use its long
+context, and does XSA's gain grow with position (the paper: XSA's gain grows with sequence length)?
+Positions are grouped into --buckets equal ranges; every sequence is a full block_size window
+of the fixed validation tokens, so each position is scored equally often.
+
+    python eval/position_loss.py out/sa_0p7b out/xsa_0p7b --data_dir data/fineweb/fineweb100B
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from checkpoint import load_model  # noqa: E402
+from dataloader import val_sequences  # noqa: E402
+from runtime import autocast, pick_device, resolve_dtype  # noqa: E402
+
+
+@torch.no_grad()
+def position_losses(model, x, y, batch_size=16, dtype="float32"):
+    """Mean cross-entropy at each position over the sequences x, y (N, T): a float64 tensor (T,)."""
+    total = torch.zeros(x.size(1), dtype=torch.float64, device=x.device)
+    for i in range(0, len(x), batch_size):
+        xb, yb = x[i:i + batch_size], y[i:i + batch_size]
+        with autocast(x.device.type, dtype):
+            logits, _ = model(xb)
+        loss = F.cross_entropy(logits.float().transpose(1, 2), yb, reduction="none")  # (B, T)
+        total += loss.double().sum(dim=0)
+    return total / len(x)
+
+
+def bucket_losses(per_position, n_buckets):
+    """Mean loss over n_buckets contiguous, near-equal ranges of positions that together cover
+    every position once: [{"start", "end" (exclusive), "loss"}]."""
+    positions = torch.arange(len(per_position))
+    return [{"start": int(p[0]), "end": int(p[-1]) + 1, "loss": per_position[p].mean().item()}
+            for p in torch.tensor_split(positions, min(n_buckets, len(per_position)))]
+
+
+def format_table(results):
+    """results: {label: {"buckets": [...], "mean": float}} -> markdown; with two models, their difference."""
+    labels = list(results)
+    header = labels + ([f"{labels[1]} - {labels[0]}"] if len(labels) == 2 else [])
+    lines = ["| positions | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
+
+    def row(name, values):
+        if len(values) == 2:
+            values = values + [values[1] - values[0]]
+        return f"| {name} | " + " | ".join(f"{v:.4f}" for v in values) + " |"
+
+    for i, bucket in enumerate(results[labels[0]]["buckets"]):
+        losses = [results[label]["buckets"][i]["loss"] for label in labels]
+        lines.append(row(f"{bucket['start']}-{bucket['end'] - 1}", losses))
+    lines.append(row("all (mean)", [results[label]["mean"] for label in labels]))
+    return "\n".join(lines)
+
+
+def plot(results, path):
+    """Loss per bucket against the bucket's middle position; with two models, their difference too."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = list(results)
+    centers = [(b["start"] + b["end"] - 1) / 2 for b in results[labels[0]]["buckets"]]
+    panels = 2 if len(labels) == 2 else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
+    for label in labels:
+        axes[0][0].plot(centers, [b["loss"] for b in results[label]["buckets"]], marker="o", label=label)
+    axes[0][0].set(xlabel="position in context", ylabel="validation loss", title="loss by position")
+    axes[0][0].legend()
+    if len(labels) == 2:
+        a, b = (results[label]["buckets"] for label in labels)
+        axes[0][1].plot(centers, [y["loss"] - x["loss"] for x, y in zip(a, b)], marker="o", color="C2")
+        axes[0][1].axhline(0, color="gray", lw=0.8)
+        axes[0][1].set(xlabel="position in context", ylabel="loss difference",
+                       title=f"{labels[1]} - {labels[0]}")
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints", nargs="+", help="checkpoint files or run directories (e.g. SA then XSA)")
+    parser.add_argument("--labels", nargs="*", help="one label per checkpoint (default: its path)")
+    parser.add_argument("--data_dir", default="data/fineweb/fineweb100B",
+                        help="directory of llm.c shards; the val split is used")
+    parser.add_argument("--num_sequences", type=int, default=512,
+                        help="validation sequences, capped at what the val shards hold")
+    parser.add_argument("--block_size", type=int, default=None,
+                        help="sequence length; default: the first checkpoint's block_size")
+    parser.add_argument("--buckets", type=int, default=16, help="number of position ranges")
+    parser.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass")
+    parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (bfloat16 autocast on GPUs that support it), float32, bfloat16")
+    parser.add_argument("--out", default="out/eval", help="directory for position_loss.json, .md and .png")
+    args = parser.parse_args()
+    labels = args.labels or [os.path.normpath(p) for p in args.checkpoints]
+    if len(labels) != len(args.checkpoints) or len(set(labels)) != len(labels):
+        parser.error("--labels needs one distinct label per checkpoint")
+    device = pick_device(args.device)
+    dtype = resolve_dtype(args.dtype, device.split(":")[0])
+
+    results, x, y = {}, None, None
+    for label, path in zip(labels, args.checkpoints):
+        model, config = load_model(path, device)
+        if x is None:  # the same tokens for every model, so the curves compare
+            block_size = args.block_size or config["block_size"]
+            x, y = val_sequences(args.data_dir, block_size, args.num_sequences * block_size)
+            x, y = x.to(device), y.to(device)
+        per_position = position_losses(model, x, y, args.batch_size, dtype).cpu()
+        results[label] = {"checkpoint": path, "attn_type": config["attn_type"],
+                          "mean": per_position.mean().item(), "buckets": bucket_losses(per_position, args.buckets),
+                          "per_position": per_position.tolist()}
+        print(f"{label}: {path}, mean validation loss {results[label]['mean']:.4f} "
+              f"over {len(x)} sequences of {x.size(1)} tokens", flush=True)
+        model.to("cpu")
+    table = format_table(results)
+    print(table)
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "position_loss.json"), "w") as f:
+        json.dump({"num_sequences": len(x), "block_size": x.size(1), "models": results}, f, indent=2)
+    with open(os.path.join(args.out, "position_loss.md"), "w") as f:
+        f.write(f"Validation loss by position, {len(x)} sequences of {x.size(1)} tokens.\n\n{table}\n")
+    plot(results, os.path.join(args.out, "position_loss.png"))
+    print(f"wrote {os.path.join(args.out, 'position_loss.json')}, position_loss.md and position_loss.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""
+Sample text from a checkpoint (a file, or a run directory: its newest checkpoint).
+
+    python eval/sample.py out/xsa_0p7b --start "The meaning of life is" --num_samples 3
+    python eval/sample.py out/xsa_0p7b --start FILE:prompt.txt --temperature 0   # greedy
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tiktoken  # noqa: E402
+import torch  # noqa: E402
+
+from checkpoint import load_model  # noqa: E402
+from runtime import autocast, pick_device, resolve_dtype  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="checkpoint file or run directory")
+    parser.add_argument("--start", default="<|endoftext|>",
+                        help="prompt text, or FILE:path; the default starts a new document, as in training")
+    parser.add_argument("--num_samples", type=int, default=3, help="samples to draw")
+    parser.add_argument("--max_new_tokens", type=int, default=200, help="tokens generated per sample")
+    parser.add_argument("--temperature", type=float, default=0.8, help="< 1 sharpens, > 1 flattens; 0 is greedy")
+    parser.add_argument("--top_k", type=int, default=200,
+                        help="sample only among the k likeliest tokens; 0 disables")
+    parser.add_argument("--seed", type=int, default=1337, help="sampling seed")
+    parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (bfloat16 autocast on GPUs that support it), float32, bfloat16")
+    args = parser.parse_args()
+
+    device = pick_device(args.device)
+    dtype = resolve_dtype(args.dtype, device.split(":")[0])
+    torch.manual_seed(args.seed)
+    model, config = load_model(args.checkpoint, device)
+    enc = tiktoken.get_encoding("gpt2")
+    start = args.start
+    if start.startswith("FILE:"):
+        with open(start[len("FILE:"):], encoding="utf-8") as f:
+            start = f.read()
+    # the end-of-text token is allowed in the prompt: every training document starts with it
+    prompt = enc.encode(start, allowed_special={"<|endoftext|>"})
+    idx = torch.tensor([prompt], dtype=torch.long, device=device)
+    print(f"{args.checkpoint}: attn_type={config['attn_type']}, "
+          f"{model.num_params() / 1e6:.2f}M non-embedding parameters")
+    for _ in range(args.num_samples):
+        with autocast(device.split(":")[0], dtype):
+            out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None)
+        # ids of the vocabulary padding (50257..50303) are no text; a trained model all but never samples them
+        tokens = [t for t in out[0, len(prompt):].tolist() if t < enc.n_vocab]
+        print(start + enc.decode(tokens))
+        print("-" * 80)
+
+
+if __name__ == "__main__":
+    main()

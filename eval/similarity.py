@@ -1,0 +1,190 @@
+"""
+The paper's Figure 1 diagnostic, the "attention similarity bias": per layer, averaged over
+heads and validation sequences,
+    cos_vv  mean cos(v_i, v_j) between the value vectors of two tokens of one sequence, over
+            all pairs i != j (the paper does not say whether causal pairs only; we take all)
+    a_ii    mean diagonal attention weight, how much a token attends to itself
+    cos_yv  mean cos(y_i, v_i) between the attention output and the token's own value, before XSA
+    cos_zv  XSA models only: mean |z_i . v_i| / (|v_i| |y_i|) after XSA, which should be ~0;
+            y in the denominator because z itself can be ~0 (design.md), and position 0 left
+            out, where z = y - proj(y) is rounding noise
+All positions of a sequence count, including the first (where a_00 = cos(y_0, v_0) = 1), so
+the numbers follow the paper's plain definitions; learned sink tokens never count as tokens.
+The paper averages over 1024 training sequences; we use held-out validation sequences.
+
+    python eval/similarity.py out/sa_0p7b out/xsa_0p7b --data_dir data/fineweb/fineweb100B
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from checkpoint import load_model  # noqa: E402
+from dataloader import val_sequences  # noqa: E402
+from model import exclude_self  # noqa: E402
+from runtime import autocast, pick_device, resolve_dtype  # noqa: E402
+
+QUANTITIES = {
+    "cos_vv": "cos(v_i, v_j), i != j",
+    "a_ii": "diagonal attention a_ii",
+    "cos_yv": "cos(y_i, v_i), before XSA",
+    "cos_zv": "|cos(z_i, v_i)|, after XSA",
+}
+
+
+def layer_stats(attn, x, cos, sin, n_sinks):
+    """The four quantities for one attention layer, summed over the batch's sequences (each
+    already a mean over heads and tokens). x: the layer's input (B, n_sinks + T, n_embd)."""
+    q, k, v = attn.project_qkv(x.float(), cos, sin)  # (B, n_head, L, head_dim)
+    L, D = q.shape[-2:]
+    # the explicit attention matrix, the only model math repeated here: SDPA does not return a_ii
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)
+    causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+    att = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+    y = att @ v
+    tokens = slice(n_sinks, L)  # sink positions are not tokens of the sequence
+
+    vn = F.normalize(v[:, :, tokens], dim=-1)
+    T = vn.size(2)
+    # mean over pairs i != j of vn_i . vn_j = (|sum_i vn_i|^2 - sum_i |vn_i|^2) / (T (T - 1))
+    pair_sum = vn.sum(dim=2).square().sum(dim=-1) - vn.square().sum(dim=(-2, -1))
+    stats = {
+        "cos_vv": (pair_sum / (T * (T - 1))).mean(dim=1).sum().item() if T > 1 else float("nan"),
+        "a_ii": att.diagonal(dim1=-2, dim2=-1)[:, :, tokens].mean(dim=(1, 2)).sum().item(),
+        "cos_yv": F.cosine_similarity(y, v, dim=-1)[:, :, tokens].mean(dim=(1, 2)).sum().item(),
+    }
+    if attn.attn_type == "xsa":
+        z = exclude_self(y, v)
+        if attn.xsa_alpha is not None:  # gated XSA: z = y - tanh(alpha) * proj
+            z = y + torch.tanh(attn.xsa_alpha.float()).view(1, -1, 1, 1) * (z - y)
+        ortho = (z * v).sum(dim=-1).abs() / (v.norm(dim=-1) * y.norm(dim=-1)).clamp_min(1e-12)
+        stats["cos_zv"] = ortho[:, :, max(n_sinks, 1):].mean(dim=(1, 2)).sum().item()
+    return stats
+
+
+@torch.no_grad()
+def similarity_stats(model, x, dtype="float32"):
+    """Per-layer means over heads, tokens and the sequences x (B, T) of the Figure 1 quantities:
+    {"cos_vv": [...], "a_ii": [...], "cos_yv": [...], "cos_zv": [...] or None}, one value per layer.
+    Each block's attention input is captured by a forward pre-hook during a normal forward pass."""
+    sums = [None] * model.config.n_layer
+
+    def capture(i):
+        def hook(attn, inputs):
+            layer_input, cos, sin = inputs  # CausalSelfAttention.forward(x, cos, sin)
+            with torch.autocast(device_type=layer_input.device.type, enabled=False):
+                sums[i] = layer_stats(attn, layer_input, cos, sin, model.config.n_sinks)
+        return hook
+
+    handles = [block.attn.register_forward_pre_hook(capture(i)) for i, block in enumerate(model.transformer.h)]
+    try:
+        with autocast(x.device.type, dtype):
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    means = {name: [s[name] / len(x) for s in sums] for name in QUANTITIES if name in sums[0]}
+    return {name: means.get(name) for name in QUANTITIES}  # cos_zv is None for SA
+
+
+def stats_over_batches(model, x, batch_size, dtype):
+    """similarity_stats over many sequences, in batches of batch_size: one mean over all of them."""
+    per_batch = [(len(batch), similarity_stats(model, batch, dtype)) for batch in x.split(batch_size)]
+
+    def mean(name):
+        if per_batch[0][1][name] is None:
+            return None
+        layers = range(model.config.n_layer)
+        return [sum(n * stats[name][layer] for n, stats in per_batch) / len(x) for layer in layers]
+
+    return {name: mean(name) for name in QUANTITIES}
+
+
+def format_table(results):
+    """results: {label: stats} -> a markdown table, one row per layer, one column per quantity and model."""
+    columns = [(label, name) for label, stats in results.items() for name in QUANTITIES if stats[name] is not None]
+    lines = ["| layer | " + " | ".join(f"{label} {name}" for label, name in columns) + " |",
+             "|---" * (len(columns) + 1) + "|"]
+    n_layer = max(len(stats["cos_yv"]) for stats in results.values())
+    for layer in range(n_layer):
+        cells = [f"{results[label][name][layer]:.4f}" if layer < len(results[label][name]) else "-"
+                 for label, name in columns]
+        lines.append(f"| {layer} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(results, path):
+    """One panel per model, side by side: each quantity against the layer index."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), sharey=True, squeeze=False)
+    for ax, (label, stats) in zip(axes[0], results.items()):
+        for name, description in QUANTITIES.items():
+            if stats[name] is not None:
+                ax.plot(range(len(stats[name])), stats[name], marker="o", label=description)
+        ax.set_title(label)
+        ax.set_xlabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("mean over heads, tokens and sequences")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints", nargs="+", help="checkpoint files or run directories (e.g. SA then XSA)")
+    parser.add_argument("--labels", nargs="*", help="one label per checkpoint (default: its path)")
+    parser.add_argument("--data_dir", default="data/fineweb/fineweb100B",
+                        help="directory of llm.c shards; the val split is used")
+    parser.add_argument("--num_sequences", type=int, default=1024,
+                        help="validation sequences (paper: 1024), capped at what the val shards hold")
+    parser.add_argument("--block_size", type=int, default=None,
+                        help="sequence length; default: each checkpoint's block_size")
+    parser.add_argument("--batch_size", type=int, default=4,
+                        help="sequences per forward pass; small, as the attention matrix is explicit")
+    parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="auto",
+                        help="autocast dtype of the forward pass; the statistics are computed in float32")
+    parser.add_argument("--out", default="out/eval", help="directory for similarity.json and similarity.png")
+    args = parser.parse_args()
+    labels = args.labels or [os.path.normpath(p) for p in args.checkpoints]
+    if len(labels) != len(args.checkpoints) or len(set(labels)) != len(labels):
+        parser.error("--labels needs one distinct label per checkpoint")
+    device = pick_device(args.device)
+    dtype = resolve_dtype(args.dtype, device.split(":")[0])
+
+    results, info = {}, {}
+    for label, path in zip(labels, args.checkpoints):
+        model, config = load_model(path, device)
+        block_size = args.block_size or config["block_size"]
+        x, _ = val_sequences(args.data_dir, block_size, args.num_sequences * block_size)
+        print(f"{label}: {path}, attn_type={config['attn_type']}, {len(x)} sequences of {block_size} tokens",
+              flush=True)
+        results[label] = stats_over_batches(model, x.to(device), args.batch_size, dtype)
+        info[label] = {"checkpoint": path, "attn_type": config["attn_type"], "n_sinks": config.get("n_sinks", 0),
+                       "num_sequences": len(x), "block_size": block_size}
+        model.to("cpu")
+    print(format_table(results))
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "similarity.json"), "w") as f:
+        models = {label: dict(info[label], **results[label]) for label in results}
+        json.dump({"quantities": QUANTITIES, "models": models}, f, indent=2)
+    plot(results, os.path.join(args.out, "similarity.png"))
+    print(f"wrote {os.path.join(args.out, 'similarity.json')} and similarity.png")
+
+
+if __name__ == "__main__":
+    main()

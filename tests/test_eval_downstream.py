@@ -1,0 +1,258 @@
+"""eval/downstream.py: the lm-eval adapter scores exactly what the model computes, and the real
+lm-eval definitions of the paper's 8 tasks run end to end on tiny local fixtures."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+pytest.importorskip("lm_eval")
+import tiktoken  # noqa: E402
+import yaml  # noqa: E402
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from checkpoint import load_model  # noqa: E402
+from conftest import REPO  # noqa: E402
+from eval.downstream import PAPER_TABLE2, TASKS, make_adapter_class  # noqa: E402
+
+FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
+# where each task's definition lives inside lm_eval/tasks in lm-eval 0.4.13
+INSTALLED_TASK_YAML = {
+    "arc_easy": "arc/arc_easy.yaml",
+    "boolq": "super_glue/boolq/default.yaml",
+    "hellaswag": "hellaswag/hellaswag.yaml",
+    "lambada_openai": "lambada/lambada_openai.yaml",
+    "openbookqa": "openbookqa/openbookqa.yaml",
+    "piqa": "piqa/piqa.yaml",
+    "social_iqa": "siqa/siqa.yaml",
+    "winogrande": "winogrande/default.yaml",
+}
+VOCAB = 50257
+
+
+@pytest.fixture(scope="module")
+def sa_model(trained_runs):
+    model, _ = load_model(trained_runs["sa"], "cpu")
+    return model
+
+
+@pytest.fixture(scope="module")
+def corpus_tokens(corpus_docs):
+    return tiktoken.get_encoding("gpt2").encode_ordinary(corpus_docs[0][:20_000])
+
+
+@torch.no_grad()
+def brute_force(model, context, continuation):
+    """One (context, continuation) pair alone, float64: lm-eval gives the model the last
+    block_size tokens before the last continuation token, so each prediction sees as much
+    context as fits in the window."""
+    window = (context + continuation)[-(model.config.block_size + 1):]
+    logits, _ = model(torch.tensor([window[:-1]]))
+    log_probs = torch.log_softmax(logits[0, :, :VOCAB].double(), dim=-1)
+    first = len(window) - 1 - len(continuation)  # the position whose logits predict continuation[0]
+    total, greedy = 0.0, True
+    for j, token in enumerate(continuation):
+        total += log_probs[first + j, token].item()
+        greedy &= log_probs[first + j].argmax().item() == token
+    return total, greedy
+
+
+@torch.no_grad()
+def greedy_rollout(model, context, n):
+    tokens = list(context)
+    for _ in range(n):
+        logits, _ = model(torch.tensor([tokens]))
+        tokens.append(logits[0, -1, :VOCAB].argmax().item())
+    return tokens[len(context):]
+
+
+@pytest.fixture(scope="module")
+def requests_and_expected(sa_model, corpus_tokens):
+    """Random slices of text as (context, continuation), short and longer than block_size (32),
+    plus greedy continuations so that both values of the greedy flag occur."""
+    g = torch.Generator().manual_seed(0)
+    requests = []
+    for ctx_len, cont_len in [(1, 1), (5, 3), (12, 7), (20, 12), (31, 2), (32, 1), (40, 5), (60, 20),
+                              (33, 32), (90, 4), (7, 25), (2, 30)]:
+        start = torch.randint(0, len(corpus_tokens) - 200, (1,), generator=g).item()
+        context = corpus_tokens[start:start + ctx_len]
+        requests.append((None, context, corpus_tokens[start + ctx_len:start + ctx_len + cont_len]))
+    for ctx_len, cont_len in [(3, 2), (10, 4), (20, 13)]:  # fits the window: the rollout is what greedy means
+        context = corpus_tokens[1000 + ctx_len:1000 + 2 * ctx_len]
+        requests.append((None, context, greedy_rollout(sa_model, context, cont_len)))
+    expected = [brute_force(sa_model, context, continuation) for _, context, continuation in requests]
+    return requests, expected
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_loglikelihoods_match_brute_force(sa_model, requests_and_expected, batch_size):
+    requests, expected = requests_and_expected
+    adapter = make_adapter_class()(sa_model, "cpu", "float32", batch_size=batch_size)
+    got = adapter._loglikelihood_tokens(requests)
+    assert len(got) == len(expected)
+    for (logprob, greedy), (want_logprob, want_greedy) in zip(got, expected):
+        assert logprob == pytest.approx(want_logprob, rel=1e-4, abs=1e-4)
+        assert greedy == want_greedy
+    assert {greedy for _, greedy in expected} == {True, False}  # both cases were checked
+
+
+def test_loglikelihood_strings_use_end_of_text_for_empty_context(sa_model):
+    """The string entry point (lm-eval's TemplateLM) with our tokenizer: an empty context is the
+    end-of-text token, as at the start of every training document."""
+    enc = tiktoken.get_encoding("gpt2")
+    adapter = make_adapter_class()(sa_model, "cpu", "float32", batch_size=2)
+    pairs = [("", "To be, or not to be"), ("ROMEO: What light", " through yonder window breaks")]
+    got = adapter.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)],
+                                disable_tqdm=True)
+    assert got[0][0] == pytest.approx(brute_force(sa_model, [enc.eot_token], enc.encode_ordinary(pairs[0][1]))[0],
+                                      rel=1e-4)
+    context = enc.encode_ordinary(pairs[1][0])
+    continuation = enc.encode_ordinary(pairs[1][0] + pairs[1][1])[len(context):]
+    assert got[1][0] == pytest.approx(brute_force(sa_model, context, continuation)[0], rel=1e-4)
+
+
+@pytest.mark.parametrize("n_tokens", [10, 32, 33, 100])
+def test_loglikelihood_rolling_is_the_sum_over_disjoint_windows(sa_model, corpus_tokens, n_tokens):
+    """Every token predicted exactly once; the first window starts from end-of-text, every later
+    window predicts up to block_size tokens after the block_size tokens before each of them."""
+    enc = tiktoken.get_encoding("gpt2")
+    text = enc.decode(corpus_tokens[500:500 + n_tokens])
+    tokens = enc.encode_ordinary(text)
+    block = sa_model.config.block_size
+    expected = 0.0
+    for start in range(0, len(tokens), block):
+        end = min(start + block, len(tokens))
+        context = [enc.eot_token] if start == 0 else tokens[max(0, end - 1 - block):start]
+        expected += brute_force(sa_model, context, tokens[start:end])[0]
+    adapter = make_adapter_class()(sa_model, "cpu", "float32", batch_size=3)
+    got = adapter.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0),
+                                         Instance("loglikelihood_rolling", {}, ("Hello",), 1)])
+    assert got[0] == pytest.approx(expected, rel=1e-4)
+    hello = brute_force(sa_model, [enc.eot_token], enc.encode_ordinary("Hello"))[0]
+    assert got[1] == pytest.approx(hello, rel=1e-4)
+
+
+def test_generate_until_is_greedy_and_stops_at_stop_strings(sa_model):
+    enc = tiktoken.get_encoding("gpt2")
+    adapter = make_adapter_class()(sa_model, "cpu", "float32")
+    context = "ROMEO:"
+
+    def generate(until):
+        request = Instance("generate_until", {}, (context, {"until": until, "max_gen_toks": 8}), 0)
+        return adapter.generate_until([request])[0]
+
+    rollout = greedy_rollout(sa_model, enc.encode_ordinary(context), 8)
+    rollout = rollout[:rollout.index(enc.eot_token)] if enc.eot_token in rollout else rollout
+    assert len(rollout) >= 3
+    assert generate(["\x00"]) == enc.decode(rollout)  # a stop string that never comes: max_gen_toks
+    stop = enc.decode(rollout[2:3])
+    assert generate([stop]) == enc.decode(rollout).split(stop)[0]
+
+
+def test_paper_table_averages_are_the_mean_of_the_eight_tasks():
+    for label, values in PAPER_TABLE2.items():
+        assert len(values) == len(TASKS) + 1
+        assert sum(values[:-1]) / len(TASKS) == pytest.approx(values[-1], abs=0.006), label
+
+
+# -----------------------------------------------------------------------------
+# the real task definitions on local fixtures
+
+@pytest.fixture(scope="module")
+def fixture_tasks(tmp_path_factory):
+    """A task directory whose YAMLs include the installed lm-eval task definitions and swap only
+    the data source for the jsonl fixtures, mapped to every split name the task declares."""
+    import lm_eval.tasks
+    from lm_eval.tasks._yaml_loader import load_yaml
+    task_dir = os.path.dirname(lm_eval.tasks.__file__)
+    out = tmp_path_factory.mktemp("lm_eval_tasks")
+    for task, relative in INSTALLED_TASK_YAML.items():
+        installed = os.path.join(task_dir, relative)
+        config = load_yaml(installed, resolve_func=False)
+        assert config["task"] == task, f"{installed} no longer defines {task}"
+        data = os.path.join(FIXTURES, f"{task}.jsonl")
+        split_keys = ("training_split", "validation_split", "test_split")
+        splits = {config[key]: data for key in split_keys if config.get(key)}
+        with open(out / f"{task}.yaml", "w") as f:
+            yaml.safe_dump({"include": installed, "dataset_path": "json", "dataset_name": None,
+                            "dataset_kwargs": {"data_files": splits, "cache_dir": str(out / "hf_cache")}}, f)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def downstream_report(trained_runs, fixture_tasks, tmp_path_factory):
+    out = tmp_path_factory.mktemp("downstream")
+    proc = subprocess.run(
+        [sys.executable, "eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", trained_runs["xsa"],
+         "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--batch_size", "4",
+         "--bootstrap_iters", "10", "--paper", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out / "downstream.json") as f:
+        report = json.load(f)
+    with open(out / "downstream.md") as f:
+        markdown = f.read()
+    return report, markdown, proc.stdout
+
+
+def test_eight_tasks_run_end_to_end_on_fixtures(downstream_report):
+    report, markdown, stdout = downstream_report
+    columns = [column for column, _ in TASKS.values()]
+    assert list(report["table"]) == ["SA", "XSA", "delta XSA - SA"]
+    for label in ("SA", "XSA"):
+        row = report["table"][label]
+        assert list(row) == columns + ["avg"]
+        assert all(0 <= row[c] <= 100 for c in row)
+        assert row["avg"] == pytest.approx(sum(row[c] for c in columns) / 8)
+        for task in TASKS:  # every fixture example was scored: the data came from the fixtures
+            with open(os.path.join(FIXTURES, f"{task}.jsonl")) as f:
+                assert report["models"][label]["n_samples"][task]["effective"] == len(f.readlines())
+    for c in columns + ["avg"]:
+        delta = report["table"]["XSA"][c] - report["table"]["SA"][c]
+        assert report["table"]["delta XSA - SA"][c] == pytest.approx(delta)
+    header = "| model | " + " | ".join(columns) + " | avg |"
+    assert header in markdown and header in stdout
+    assert "| paper 1.3B XSA | 58.84 | 62.29 |" in stdout
+
+
+def test_task_results_match_brute_force_scoring(downstream_report, trained_runs):
+    """Two tasks recomputed from their documents with the plain model: BoolQ accuracy (choices
+    " no"/" yes") and LAMBADA perplexity (exp of the mean negative log-likelihood of the last word)."""
+    report, _, _ = downstream_report
+    model, _ = load_model(trained_runs["sa"], "cpu")
+    enc = tiktoken.get_encoding("gpt2")
+
+    def score(context, continuation):  # lm-eval's split: encode the whole, then cut at the context's length
+        ctx = enc.encode_ordinary(context)
+        return brute_force(model, ctx, enc.encode_ordinary(context + continuation)[len(ctx):])[0]
+
+    with open(os.path.join(FIXTURES, "boolq.jsonl")) as f:
+        docs = [json.loads(line) for line in f]
+    correct = 0
+    for doc in docs:
+        context = f"{doc['passage']}\nQuestion: {doc['question']}?\nAnswer:"
+        scores = [score(context, " no"), score(context, " yes")]
+        correct += scores.index(max(scores)) == doc["label"]
+    assert report["models"]["SA"]["results"]["boolq"]["acc,none"] == pytest.approx(correct / len(docs))
+
+    with open(os.path.join(FIXTURES, "lambada_openai.jsonl")) as f:
+        texts = [json.loads(line)["text"] for line in f]
+    nll = [-score(" ".join(t.split(" ")[:-1]), " " + t.split(" ")[-1]) for t in texts]
+    assert report["models"]["SA"]["results"]["lambada_openai"]["perplexity,none"] == \
+        pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-4)
+
+
+def test_hellaswag_fixture_uses_the_installed_process_docs(fixture_tasks):
+    """The included YAML's `!function utils.process_docs` resolves next to the installed file."""
+    from lm_eval.tasks import TaskManager
+    task = TaskManager(include_path=fixture_tasks, include_defaults=False).load(["hellaswag"])["tasks"]["hellaswag"]
+    doc = next(iter(task.validation_docs()))
+    assert doc["query"].startswith("Making a sandwich: A man lays two slices")
+    assert len(doc["choices"]) == 4

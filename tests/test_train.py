@@ -1,0 +1,82 @@
+"""train.py end to end: learning, logging, DDP equivalence, clear errors."""
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import TRAINED_RUN, TRAINED_STEPS, micro_args, run_train
+from metrics import read_metrics
+from shards import list_shards, read_shard
+
+FIELDS = {"step", "train_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "peak_mem_gb"}
+
+
+def unigram_cross_entropy(data_dir, n_val_tokens):
+    """Loss of the best context-free model: train-set token frequencies (add-1/2) scored on the val tokens."""
+    train = np.concatenate([np.asarray(read_shard(p)) for p in list_shards(data_dir, "train")])
+    counts = np.bincount(train, minlength=2 ** 16).astype(np.float64) + 0.5
+    val = np.asarray(read_shard(list_shards(data_dir, "val")[0]))[1:n_val_tokens + 1]
+    return float(-np.log(counts[val] / counts.sum()).mean())
+
+
+def expected_lr(step, peak, warmup, decay_iters, min_lr):
+    if step <= warmup:
+        return peak * step / warmup
+    ratio = (step - warmup) / (decay_iters - warmup)
+    return min_lr + (peak - min_lr) * 0.5 * (1 + math.cos(math.pi * min(ratio, 1.0)))
+
+
+def test_training_beats_unigram_and_logs_every_step(data_dir, trained_runs):
+    out = Path(trained_runs["sa"])
+    steps, peak = TRAINED_STEPS["sa"], TRAINED_RUN["learning_rate"]
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    for r in records:
+        assert FIELDS <= set(r), r
+        assert ("val_loss" in r) == (r["step"] % TRAINED_RUN["eval_interval"] == 0)
+        assert r["lr"] == pytest.approx(expected_lr(r["step"], peak, TRAINED_RUN["warmup_iters"], steps, peak / 10),
+                                        rel=1e-9)
+        assert math.isfinite(r["train_loss"]) and r["grad_norm"] > 0 and r["peak_mem_gb"] > 0
+        assert r["mfu"] is None  # no peak FLOP/s on a CPU
+    assert records[0]["tokens_per_sec"] is None  # the first step (warm-up) is not timed
+    assert all(r["tokens_per_sec"] > 0 for r in records[1:])
+    val_losses = [r["val_loss"] for r in records if "val_loss" in r]
+    assert val_losses == sorted(val_losses, reverse=True) and val_losses[0] < math.log(50257)
+    assert val_losses[-1] < unigram_cross_entropy(data_dir, TRAINED_RUN["val_tokens"])
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["config"]["max_iters"] == steps and saved["config"]["min_lr"] == pytest.approx(peak / 10)
+    assert {"git_commit", "torch", "python", "devices"} <= set(saved["provenance"])
+    log = (out / "train.log").read_text()
+    assert f"step {steps}/{steps}" in log and "provenance:" in log
+
+
+def test_two_processes_match_one_process(data_dir, tmp_path):
+    common = dict(max_iters=4, eval_interval=4, checkpoint_interval=0, batch_size=2, total_batch_size=2 * 2 * 32 * 2)
+    run_train(micro_args(data_dir, str(tmp_path / "one"), **common))
+    run_train(micro_args(data_dir, str(tmp_path / "two"), **common), nproc=2)
+    one = read_metrics(tmp_path / "one" / "metrics.jsonl")
+    two = read_metrics(tmp_path / "two" / "metrics.jsonl")
+    assert [r["step"] for r in two] == [1, 2, 3, 4]
+    for a, b in zip(one, two):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    assert two[-1]["val_loss"] == pytest.approx(one[-1]["val_loss"], rel=1e-4)
+    assert "2 processes x 2 micro-steps" in (tmp_path / "two" / "train.log").read_text()
+
+
+def test_indivisible_batch_is_a_clear_error_and_writes_nothing(data_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(micro_args(data_dir, str(out), total_batch_size=1000), check=False)
+    assert proc.returncode == 3
+    assert "total_batch_size=1000 is not a multiple of batch_size * block_size" in proc.stderr
+    assert not out.exists()
+
+
+def test_missing_data_dir_is_a_clear_error(tmp_path):
+    proc = run_train(micro_args(str(tmp_path / "no_data"), str(tmp_path / "run")), check=False)
+    assert proc.returncode == 3 and "does not exist; run data/fineweb/prepare.py" in proc.stderr
+    assert not os.path.exists(tmp_path / "run")
