@@ -107,12 +107,15 @@ def parse_config(defaults, argv, comments=None, prog="train.py"):
     return config, config_files
 
 
-def load_config(defaults, argv=None, source_path=None, prog=None):
-    """parse_config for an entry point: on a bad config, print one line and exit with status 2."""
+def load_config(defaults, argv=None, source_path=(), prog=None):
+    """parse_config for an entry point whose keys are defined, with their comments, in source_path
+    (a file or a tuple of files): on a bad config, print one line and exit with status 2."""
     argv = sys.argv[1:] if argv is None else argv
-    comments = key_comments(source_path, defaults) if source_path else {}
+    comments = {}
+    for path in (source_path,) if isinstance(source_path, str) else source_path:
+        comments.update(key_comments(path, defaults))
     try:
-        return parse_config(defaults, argv, comments, prog or os.path.basename(source_path or sys.argv[0]))
+        return parse_config(defaults, argv, comments, prog or os.path.basename(sys.argv[0]))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
