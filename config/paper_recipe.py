@@ -6,7 +6,6 @@ block_size = 2048
 total_batch_size = 524_288  # 256 sequences of 2048 tokens
 max_iters = 200_000
 warmup_iters = 2000
-lr_decay_iters = 200_000
 weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.95

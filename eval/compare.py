@@ -31,10 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from metrics import read_metrics  # noqa: E402
 
-# keys that say where and how a run was logged or launched, not what was trained
+# keys that say where and how a run was logged, launched or parallelised, not what was trained
 BOOKKEEPING_KEYS = {"out_dir", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "init_from",
                     "log_interval", "checkpoint_interval", "keep_checkpoints", "skip_nonfinite_steps",
-                    "device", "compile", "backend"}
+                    "device", "compile", "backend", "parallelism", "reshard_after_forward",
+                    "activation_checkpointing"}
 # what a comparison varies within a setting: the attention, and the seed that pairs SA with XSA
 PAIRING_KEYS = {"attn_type", "seed", "data_seed"}
 
@@ -131,9 +132,9 @@ class Run:
         steps, values = self.curve("val_loss")
         return (steps[-1], values[-1]) if steps else (None, None)
 
-    def setting_key(self):
-        ignored = BOOKKEEPING_KEYS | PAIRING_KEYS
-        return tuple(sorted((k, repr(v)) for k, v in self.config.items() if k not in ignored))
+    def setting_key(self, keys):
+        """The run's values of the given config keys, hashable."""
+        return tuple((k, repr(self.config[k])) for k in sorted(keys))
 
 
 def find_runs(patterns):
@@ -168,12 +169,23 @@ def short_name(run):
     return re.sub(r"_seed\d+$", "", re.sub(r"^x?sa_", "", run.name))
 
 
+def setting_keys(runs):
+    """The config keys that tell settings apart: all but the pairing and bookkeeping keys, and only
+    those every run has (runs made by different versions of train.py may lack newer keys).
+    Returns (keys, keys left out because some runs lack them)."""
+    common = set.intersection(*(set(r.config) for r in runs))
+    every = set.union(*(set(r.config) for r in runs))
+    ignored = BOOKKEEPING_KEYS | PAIRING_KEYS
+    return common - ignored, sorted(every - common - ignored)
+
+
 def group_settings(runs):
     """[(label, [runs])] in the order settings first appear. A label is the runs' common short name
     where that names each setting uniquely, else the config keys in which the settings differ."""
+    keys, _ = setting_keys(runs)
     settings = {}
     for run in runs:
-        settings.setdefault(run.setting_key(), []).append(run)
+        settings.setdefault(run.setting_key(keys), []).append(run)
     keys = list(settings)
     names = [{short_name(r) for r in settings[k]} for k in keys]
     if all(len(n) == 1 for n in names) and len({next(iter(n)) for n in names}) == len(keys):
@@ -263,6 +275,10 @@ def markdown(runs, settings, rows, warnings):
     unpaired = [name for row in rows for name in row["unpaired"]]
     if unpaired:
         lines += ["", f"Runs without a partner of the other attention and the same seed: {', '.join(unpaired)}."]
+    _, partial = setting_keys(runs)
+    if partial:
+        lines += ["", f"Not compared because only some runs' configs have them (other train.py versions): "
+                      f"{', '.join(partial)}."]
     if warnings:
         lines += [""] + [f"Warning: {w}" for w in warnings]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,307 @@
+# Shared by the sweep scripts (sourced, not run): naming, launching, resuming and skipping runs.
+#
+# A sweep script calls
+#     sweep_begin NAME GROUP "$@"      cd to the repo root, read the environment and the passthrough args
+#     sweep_pair SIZE SUFFIX --key=value ...
+#                                      the SA and the XSA run of one setting (once per seed)
+#     sweep_end                        wait for the runs, print a summary, fail if any run failed
+#
+# Environment (every sweep):
+#   NPROC=N       processes (GPUs) per run, launched with torchrun --standalone --nproc_per_node=N;
+#                 default: the GPUs nvidia-smi finds (or CUDA_VISIBLE_DEVICES lists), else 1 (plain python)
+#   GPUS="0 1 2 3"  run several runs at once, one per entry, each with CUDA_VISIBLE_DEVICES=<entry>;
+#                 an entry may hold several GPUs ("0,1 2,3"), NPROC then defaults to their number
+#   SEEDS="1 2 3" repeat every run per seed (--seed=S, names end in _seedS); default: the config's seed
+#   OUT_ROOT=out  runs go to $OUT_ROOT/<sweep>/<run name> (a relative OUT_ROOT is under the repo root)
+#   DRY_RUN=1     print the commands (a runnable shell script) instead of running them; with GPUS it
+#                 places runs round-robin, where a real sweep gives each run the next GPU to free up
+#   PYTHON=python the interpreter for train.py (torchrun brings its own)
+# Arguments: --key=value overrides passed to every run (e.g. --max_iters=2000 --wandb_log=False).
+# --seed=S is taken as SEEDS=S, so runs of different seeds never share a directory.
+#
+# A run whose out_dir holds a checkpoint at or beyond the run's max_iters (resolved from its config
+# file and overrides as train.py resolves them) is skipped without touching its files: no launch,
+# no checkpoint load, no wandb resume just to learn that it is done (train.py would also say "run
+# already finished", after loading a multi-GB checkpoint and rewriting config.json); a run
+# with an earlier checkpoint is resumed with --init_from=resume; any other run starts from scratch.
+# So an interrupted sweep is continued by running the same command again, and a finished sweep is
+# extended by rerunning it with a larger --max_iters.
+
+set -euo pipefail
+
+SWEEP_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+die() {
+    echo "error: $*" >&2
+    exit 2
+}
+
+# The comment block at the top of the sweep script, as its --help.
+sweep_usage() {
+    awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+}
+
+# The number of GPUs this machine offers: CUDA_VISIBLE_DEVICES if set, else nvidia-smi, else 0.
+count_gpus() {
+    if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+        local ids
+        IFS=, read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
+        echo "${#ids[@]}"
+    elif command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU' || true
+    else
+        echo 0
+    fi
+}
+
+# sweep_begin NAME GROUP [--key=value ...] (SWEEP_RESERVED: the keys the sweep sets per run)
+sweep_begin() {
+    SWEEP_NAME=$1
+    SWEEP_GROUP=$2
+    shift 2
+    cd "$SWEEP_REPO"
+
+    PYTHON=${PYTHON:-python}
+    OUT_ROOT=${OUT_ROOT:-out}
+    DRY_RUN=${DRY_RUN:-0}
+    [[ $DRY_RUN == 0 ]] && DRY_RUN=
+
+    # passthrough arguments: only --key=value, never a key the sweep sets itself
+    # (the sweep script lists the keys it sweeps in SWEEP_RESERVED)
+    PASSTHROUGH=()
+    local arg key reserved
+    for arg in "$@"; do
+        case $arg in
+            -h | --help) sweep_usage; exit 0 ;;
+            --seed=*) SEEDS=${arg#--seed=} ;;
+            --*=*)
+                key=${arg%%=*}
+                key=${key#--}
+                for reserved in out_dir wandb_run_name wandb_group init_from ${SWEEP_RESERVED[@]+"${SWEEP_RESERVED[@]}"}; do
+                    [[ $key == "$reserved" ]] && die "$arg: $SWEEP_NAME sets --$key itself for every run"
+                done
+                PASSTHROUGH+=("$arg") ;;
+            *) die "unexpected argument '$arg': extra arguments are --key=value overrides for train.py (see --help)" ;;
+        esac
+    done
+    read -ra SEED_LIST <<<"${SEEDS:-}"
+    [[ ${#SEED_LIST[@]} -gt 0 ]] || SEED_LIST=("")  # one run per setting, with the config's seed
+
+    # where runs go: one slot per GPUS entry running in parallel, or one slot running in order
+    read -ra SLOTS <<<"${GPUS:-}"
+    SWEEP_PARALLEL=$([[ ${#SLOTS[@]} -gt 0 ]] && echo 1 || true)
+    [[ -n $SWEEP_PARALLEL ]] || SLOTS=("")
+    SLOT_PID=()
+    SLOT_RUN=()
+    SWEEP_DISPATCHED=0  # for DRY_RUN's round-robin GPU assignment
+    RUNS_STARTED=() RUNS_SKIPPED=() RUNS_FAILED=()
+    trap sweep_interrupted INT TERM
+
+    local where="one run at a time"
+    [[ -n $SWEEP_PARALLEL ]] && where="${#SLOTS[@]} runs at once on GPUS=\"${GPUS}\""
+    echo "# $SWEEP_NAME: wandb group $SWEEP_GROUP, runs in $OUT_ROOT/$SWEEP_NAME/, $where${DRY_RUN:+ (dry run)}"
+}
+
+# Processes per run in a slot: NPROC if set, else the slot's GPU count, else all GPUs found.
+slot_nproc() {
+    local slot=$1
+    if [[ -n ${NPROC:-} ]]; then
+        echo "$NPROC"
+    elif [[ -n $slot ]]; then
+        local ids
+        IFS=, read -ra ids <<<"$slot"
+        echo "${#ids[@]}"
+    else
+        local n
+        n=$(count_gpus)
+        echo $((n > 1 ? n : 1))
+    fi
+}
+
+# The step of the newest checkpoint in a directory, or nothing: a ckpt_<step>.pt file (DDP runs) or
+# a ckpt_<step> directory (FSDP runs' sharded checkpoints), as checkpoint.list_checkpoints finds them.
+newest_checkpoint_step() {
+    local path name step newest=
+    for path in "$1"/ckpt_*; do
+        name=$(basename "$path")
+        if [[ $name =~ ^ckpt_([0-9]+)\.pt$ && -f $path ]] || [[ $name =~ ^ckpt_([0-9]+)$ && -d $path ]]; then
+            step=$((10#${BASH_REMATCH[1]}))
+        else
+            continue
+        fi
+        if [[ -z $newest ]] || ((step > newest)); then newest=$step; fi
+    done
+    echo "$newest"
+}
+
+# resolve_config "KEY ..." CONFIG_FILE [--key=value ...]: the values (one line, space-separated)
+# of these keys in the config train.py would run with. configurator.parse_config applies the files
+# and overrides as train.py does, to train.py's defaults: its top-level `key = <literal>` lines
+# before `config_keys`, read rather than imported (importing train.py imports torch: seconds per
+# run). A key this misses fails loudly (unknown key, or KeyError), never with a wrong value.
+resolve_config() {
+    "$PYTHON" - "$@" <<'PY'
+import ast
+import sys
+from configurator import ConfigError, parse_config
+keys, argv = sys.argv[1].split(), sys.argv[2:]
+defaults = {}
+for node in ast.parse(open("train.py", encoding="utf-8").read()).body:
+    if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+        if node.targets[0].id == "config_keys":
+            break
+        try:
+            defaults[node.targets[0].id] = ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError):
+            pass
+try:
+    config, _ = parse_config(defaults, argv)
+except ConfigError as e:
+    sys.exit(f"config error: {e}")
+print(*(config[key] for key in keys))
+PY
+}
+
+# sweep_pair SIZE SUFFIX [--key=value ...]: the SA and XSA runs of one setting, named
+# sa_<SIZE><SUFFIX>[_seedS] and xsa_<SIZE><SUFFIX>[_seedS], from config/{sa,xsa}_<SIZE>.py.
+sweep_pair() {
+    local size=$1 suffix=$2 seed attn
+    shift 2
+    for seed in "${SEED_LIST[@]}"; do
+        for attn in sa xsa; do
+            sweep_run "${attn}_${size}${suffix}${seed:+_seed$seed}" "config/${attn}_${size}.py" \
+                "$@" ${seed:+"--seed=$seed"}
+        done
+    done
+}
+
+# sweep_run NAME CONFIG_FILE [--key=value ...]: start (or resume, or skip) one run.
+sweep_run() {
+    local name=$1 config=$2
+    shift 2
+    [[ -f $config ]] || die "no config file $config"
+    local out_dir="$OUT_ROOT/$SWEEP_NAME/$name"
+    local args=("$config" "--out_dir=$out_dir" "--wandb_run_name=$name" "--wandb_group=$SWEEP_GROUP"
+        "$@" "${PASSTHROUGH[@]}")
+
+    local step max_iters
+    step=$(newest_checkpoint_step "$out_dir")
+    if [[ -n $step ]]; then
+        if ! max_iters=$(resolve_config max_iters "${args[@]}"); then
+            echo "# $name: FAILED (could not resolve its config)"
+            RUNS_FAILED+=("$name")
+            return 0
+        fi
+        if ((step >= max_iters)); then
+            echo "# $name: skip (finished: checkpoint step $step >= max_iters $max_iters)"
+            RUNS_SKIPPED+=("$name")
+            return 0
+        fi
+        args+=(--init_from=resume)
+    fi
+
+    # a free slot (in a dry run: the next one, round-robin)
+    local i
+    if [[ -n $DRY_RUN ]]; then
+        i=$((SWEEP_DISPATCHED % ${#SLOTS[@]}))
+    else
+        wait_for_free_slot
+        i=$FREE_SLOT
+    fi
+    SWEEP_DISPATCHED=$((SWEEP_DISPATCHED + 1))
+    local slot=${SLOTS[i]} nproc cmd=()
+    nproc=$(slot_nproc "$slot")
+    local env_prefix=${slot:+CUDA_VISIBLE_DEVICES=$slot}
+    if ((nproc > 1)); then
+        # --standalone picks a free rendezvous port, so parallel torchrun jobs do not collide
+        cmd+=(torchrun --standalone "--nproc_per_node=$nproc" train.py "${args[@]}")
+    else
+        cmd+=("$PYTHON" train.py "${args[@]}")
+    fi
+
+    local what="new"
+    [[ -n $step ]] && what="resume from step $step of $max_iters"
+    echo "# $name: $what"
+    if [[ -n $DRY_RUN ]]; then
+        echo "${env_prefix:+$env_prefix }$(quote_command "${cmd[@]}")"
+        return 0
+    fi
+    echo "+ ${env_prefix:+$env_prefix }$(quote_command "${cmd[@]}")"
+    RUNS_STARTED+=("$name")
+    if [[ -n $SWEEP_PARALLEL ]]; then
+        # parallel runs would interleave on the terminal: each writes to its own console.log
+        mkdir -p "$out_dir"
+        echo "#   on CUDA_VISIBLE_DEVICES=$slot, output in $out_dir/console.log"
+        env ${env_prefix:+"$env_prefix"} "${cmd[@]}" >>"$out_dir/console.log" 2>&1 &
+    else
+        "${cmd[@]}" &
+    fi
+    SLOT_PID[i]=$!
+    SLOT_RUN[i]=$name
+    # in order: wait here (a background job + wait lets the INT/TERM trap stop it at once)
+    [[ -n $SWEEP_PARALLEL ]] || reap_slot "$i" wait
+}
+
+# A command line as the shell reads it back (arguments quoted only where needed).
+quote_command() {
+    local quoted
+    quoted=$(printf '%q ' "$@")
+    echo "${quoted% }"
+}
+
+# reap_slot I [wait]: if slot I's run has ended (or, with "wait", once it ends), record how.
+# Returns 1 if it is still running.
+reap_slot() {
+    local i=$1 mode=${2:-} pid=${SLOT_PID[$1]:-}
+    [[ -n $pid ]] || return 0
+    if [[ $mode != wait ]] && kill -0 "$pid" 2>/dev/null; then
+        return 1
+    fi
+    local status=0
+    wait "$pid" || status=$?
+    if ((status != 0)); then
+        echo "# ${SLOT_RUN[i]}: FAILED (exit status $status)"
+        RUNS_FAILED+=("${SLOT_RUN[i]}")
+    else
+        echo "# ${SLOT_RUN[i]}: done"
+    fi
+    SLOT_PID[i]=
+}
+
+# Wait (polling once a second) until a slot has no run; its index in FREE_SLOT.
+# Runs in this shell, not in $(...), so that the runs it reaps are recorded.
+wait_for_free_slot() {
+    local i
+    while :; do
+        for i in "${!SLOTS[@]}"; do
+            if reap_slot "$i"; then
+                FREE_SLOT=$i
+                return 0
+            fi
+        done
+        sleep 1
+    done
+}
+
+# Ctrl-C or kill: stop the runs this sweep started (they resume on the next invocation).
+sweep_interrupted() {
+    trap - INT TERM
+    echo "# $SWEEP_NAME interrupted: stopping its runs; run the same command again to resume" >&2
+    local pid
+    for pid in "${SLOT_PID[@]}"; do
+        [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null || true
+    done
+    wait || true
+    exit 130
+}
+
+sweep_end() {
+    local i
+    for i in "${!SLOTS[@]}"; do
+        reap_slot "$i" wait || true
+    done
+    [[ -n $DRY_RUN ]] && return 0
+    echo "# $SWEEP_NAME: ${#RUNS_STARTED[@]} started, ${#RUNS_SKIPPED[@]} skipped as finished," \
+        "${#RUNS_FAILED[@]} failed${RUNS_FAILED[*]:+ (${RUNS_FAILED[*]})}"
+    [[ ${#RUNS_FAILED[@]} -eq 0 ]] || exit 1
+}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Sequence-length sweep (paper: "Sequence length"): SA and XSA of one size at context lengths
+# 512 ... 16384, passed as --block_size=L, with the same LR and the same 524,288 tokens per
+# optimizer step at every length. The paper (1.4B) saw XSA's gain grow with the length.
+#
+#     scripts/sweep_seqlen.sh                               # 12 runs at 1.4B
+#     SIZE=0p7b LENGTHS="512 8192" scripts/sweep_seqlen.sh --max_iters=20000
+#
+#   SIZE=1p4b              config/{sa,xsa}_$SIZE.py
+#   LENGTHS="512 1024 2048 4096 8192 16384"
+#   TOTAL_BATCH_SIZE=524288   tokens per optimizer step (--total_batch_size)
+#   TOKENS_PER_MICRO       tokens per GPU per micro-step; default: the config's batch_size x
+#                          block_size (8 x 2048 at 1.4B), which is known to fit in memory
+# Each run gets --batch_size=B with B x L = TOKENS_PER_MICRO (at least one sequence), so memory
+# stays about the same at every length and train.py raises gradient accumulation to keep
+# TOTAL_BATCH_SIZE = B x L x processes x accumulation steps.
+# Runs: $OUT_ROOT/sweep_seqlen/{sa,xsa}_<SIZE>_seqlen<L>, wandb group sweep_seqlen_<SIZE>. Rerun to
+# resume; finished runs are skipped. Common options: scripts/sweep_common.sh.
+set -euo pipefail
+source "$(dirname "$0")/sweep_common.sh"
+
+SIZE=${SIZE:-1p4b}
+LENGTHS=${LENGTHS:-"512 1024 2048 4096 8192 16384"}
+TOTAL_BATCH_SIZE=${TOTAL_BATCH_SIZE:-524288}
+SWEEP_RESERVED=(block_size batch_size total_batch_size)
+
+sweep_begin sweep_seqlen "sweep_seqlen_$SIZE" "$@"
+if [[ -z ${TOKENS_PER_MICRO:-} ]]; then
+    [[ -f config/sa_$SIZE.py ]] || die "no config file config/sa_$SIZE.py"
+    read -r config_batch_size config_block_size <<<"$(resolve_config "batch_size block_size" "config/sa_$SIZE.py")"
+    TOKENS_PER_MICRO=$((config_batch_size * config_block_size))
+fi
+for length in $LENGTHS; do
+    batch_size=$((TOKENS_PER_MICRO / length))
+    ((batch_size >= 1)) || batch_size=1
+    # train.py needs whole micro-steps: check here rather than fail after the sweep has started
+    for slot in "${SLOTS[@]}"; do
+        nproc=$(slot_nproc "$slot")
+        ((TOTAL_BATCH_SIZE % (batch_size * length * nproc) == 0)) ||
+            die "block_size $length: TOTAL_BATCH_SIZE=$TOTAL_BATCH_SIZE is not a multiple of" \
+                "batch_size $batch_size x $length x $nproc processes"
+    done
+    sweep_pair "$SIZE" "_seqlen$length" "--block_size=$length" "--total_batch_size=$TOTAL_BATCH_SIZE" \
+        "--batch_size=$batch_size"
+done
+sweep_end

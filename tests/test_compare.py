@@ -1,0 +1,181 @@
+"""eval/compare.py on synthetic run directories with known losses: the table's numbers against
+statistics computed here independently, pairing by seed, and the PNG."""
+
+import importlib.util
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+# Student t 0.975 quantiles from a printed table, by degrees of freedom
+T_975 = {1: 12.706205, 2: 4.302653, 3: 3.182446, 4: 2.776445, 10: 2.228139, 30: 2.042272}
+
+
+def load_compare():
+    spec = importlib.util.spec_from_file_location("compare", os.path.join(REPO, "eval", "compare.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_run(root, name, attn_type, seed, val_losses, learning_rate=1e-3, init_from="scratch", extra=None):
+    """A run directory as train.py leaves it: config.json and metrics.jsonl, a train loss every
+    step and val_losses = {step: loss} on eval steps."""
+    path = os.path.join(root, name)
+    os.makedirs(path)
+    config = {"out_dir": path, "wandb_run_name": name, "wandb_group": "g", "init_from": init_from,
+              "attn_type": attn_type, "seed": seed, "data_seed": seed, "learning_rate": learning_rate,
+              "n_layer": 2, "block_size": 32, "max_iters": max(val_losses), **(extra or {})}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"config": config, "provenance": {}}, f)
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        for step in range(1, max(val_losses) + 1):
+            record = {"step": step, "train_loss": 10.0 - 0.05 * step, "lr": 1e-3}
+            if step in val_losses:
+                record["val_loss"] = val_losses[step]
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+def run_compare(*args):
+    proc = subprocess.run([sys.executable, "eval/compare.py", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def table_rows(markdown, header_start):
+    """The rows of the markdown table whose header starts with header_start, as dicts."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    header = [c.strip() for c in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, [c.strip() for c in line.strip("|").split("|")])))
+    return rows
+
+
+# final (step 100) val losses per seed; setting "lr1e-3" has 3 seeds, "lr2e-3" has 5
+FINAL = {
+    "lr1e-3": {"sa": {1: 3.51, 2: 3.49, 3: 3.55}, "xsa": {1: 3.47, 2: 3.48, 3: 3.50}},
+    "lr2e-3": {"sa": {1: 3.40, 2: 3.42, 3: 3.45, 4: 3.39, 5: 3.44},
+               "xsa": {1: 3.41, 2: 3.38, 3: 3.40, 4: 3.37, 5: 3.43}},
+}
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """Synthetic runs: two settings with several seeds, an SA run without an XSA partner, and a
+    resumed XSA run (init_from=resume, a duplicated step, a torn last line)."""
+    root = str(tmp_path / "runs")
+    for setting, lr in (("lr1e-3", 1e-3), ("lr2e-3", 2e-3)):
+        for attn, by_seed in FINAL[setting].items():
+            for seed, final in by_seed.items():
+                write_run(root, f"{attn}_micro_{setting}_seed{seed}", attn, seed, {50: final + 0.3, 100: final},
+                          learning_rate=lr, init_from="resume" if (attn, seed) == ("xsa", 2) else "scratch")
+    write_run(root, "sa_micro_lr1e-3_seed9", "sa", 9, {50: 3.8, 100: 3.6})
+    resumed = os.path.join(root, "xsa_micro_lr2e-3_seed1", "metrics.jsonl")
+    with open(resumed, "a") as f:  # a step logged again after a resume replaces the first record
+        f.write(json.dumps({"step": 100, "train_loss": 5.0, "val_loss": FINAL["lr2e-3"]["xsa"][1]}) + "\n")
+        f.write('{"step": 101, "train_lo')
+    return root
+
+
+def test_t_quantile_matches_the_printed_table():
+    compare = load_compare()
+    for df, t in T_975.items():
+        assert compare.t_quantile(0.975, df) == pytest.approx(t, abs=2e-6)
+    assert compare.t_quantile(0.95, 5) == pytest.approx(2.015048, abs=2e-6)
+
+
+def test_table_has_final_val_loss_and_paired_difference_statistics(runs, tmp_path):
+    out = str(tmp_path / "report" / "compare")
+    proc = run_compare(os.path.join(runs, "*"), "--out", out)
+    with open(out + ".md") as f:
+        markdown = f.read()
+    assert markdown in proc.stdout
+
+    per_run = {r["run"]: r for r in table_rows(markdown, "| run |")}
+    assert len(per_run) == 17
+    for setting, by_attn in FINAL.items():
+        for attn, by_seed in by_attn.items():
+            for seed, final in by_seed.items():
+                row = per_run[f"{attn}_micro_{setting}_seed{seed}"]
+                assert (row["setting"], row["attn"], row["seed"], row["step"]) == (f"micro_{setting}", attn,
+                                                                                   str(seed), "100")
+                assert float(row["val loss"]) == pytest.approx(final, abs=5e-5)
+
+    per_setting = {r["setting"]: r for r in table_rows(markdown, "| setting |")}
+    assert set(per_setting) == {"micro_lr1e-3", "micro_lr2e-3"}  # init_from and names do not split a setting
+    for setting, df in (("lr1e-3", 2), ("lr2e-3", 4)):
+        sa, xsa = FINAL[setting]["sa"], FINAL[setting]["xsa"]
+        diffs = [xsa[s] - sa[s] for s in sorted(xsa)]  # seed 9 has no XSA partner: not a pair
+        n, mean, std = len(diffs), statistics.mean(diffs), statistics.stdev(diffs)
+        half = T_975[df] * std / math.sqrt(n)
+        row = per_setting[f"micro_{setting}"]
+        assert row["pairs"] == str(n) and row["step"] == "100"
+        assert float(row["SA"]) == pytest.approx(statistics.mean(sa[s] for s in xsa), abs=5e-5)
+        assert float(row["XSA"]) == pytest.approx(statistics.mean(xsa.values()), abs=5e-5)
+        assert float(row["XSA − SA"]) == pytest.approx(mean, abs=5e-5)
+        assert float(row["std"]) == pytest.approx(std, abs=5e-5)
+        low, high = (float(x) for x in row["95% CI"].strip("[]").split(","))
+        assert (low, high) == (pytest.approx(mean - half, abs=5e-5), pytest.approx(mean + half, abs=5e-5))
+        assert row["XSA lower"] == f"{sum(d < 0 for d in diffs)}/{n}"
+    assert "without a partner" in markdown and "sa_micro_lr1e-3_seed9" in markdown
+
+    with open(out + ".png", "rb") as f:
+        png = f.read()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+def test_a_pair_is_compared_at_the_last_step_both_evaluated(tmp_path):
+    """An XSA run stopped at step 50 is compared with SA at step 50, not with SA's final loss."""
+    root = str(tmp_path / "runs")
+    write_run(root, "sa_a", "sa", 1, {50: 4.0, 100: 3.5}, extra={"max_iters": 100})
+    write_run(root, "xsa_a", "xsa", 1, {50: 3.9}, extra={"max_iters": 100})  # interrupted at step 50
+    out = str(tmp_path / "cmp")
+    run_compare(root, "--out", out, "--smooth", "0.9")  # a directory of runs, as well as globs
+    with open(out + ".md") as f:
+        markdown = f.read()
+    row = table_rows(markdown, "| setting |")[0]
+    assert (row["setting"], row["pairs"], row["step"]) == ("a", "1", "50")
+    assert float(row["XSA − SA"]) == pytest.approx(-0.1, abs=5e-5)
+    assert row["std"] == "–" and row["95% CI"] == "–"  # one pair: no spread to estimate
+
+
+def test_settings_that_differ_in_config_get_labelled_by_the_differing_keys(tmp_path):
+    """Runs without sweep names: the setting label is the key that differs."""
+    root = str(tmp_path / "runs")
+    for i, block_size in enumerate((32, 64)):
+        for attn in ("sa", "xsa"):
+            write_run(root, f"run{i}_{attn}", attn, 1, {10: 5.0 if attn == "sa" else 4.9},
+                      extra={"block_size": block_size})
+    out = str(tmp_path / "cmp")
+    run_compare(os.path.join(root, "run*"), "--out", out)
+    with open(out + ".md") as f:
+        per_setting = {r["setting"]: r for r in table_rows(f.read(), "| setting |")}
+    assert set(per_setting) == {"block_size=32", "block_size=64"}
+    assert all(float(r["XSA − SA"]) == pytest.approx(-0.1, abs=5e-5) for r in per_setting.values())
+
+
+def test_runs_from_different_train_py_versions_still_pair(tmp_path):
+    """A key only newer runs have (a newer train.py) does not split a setting; the table says so."""
+    root = str(tmp_path / "runs")
+    write_run(root, "sa_a_seed1", "sa", 1, {10: 5.0})
+    write_run(root, "xsa_a_seed1", "xsa", 1, {10: 4.8}, extra={"new_key": 1, "parallelism": "fsdp"})
+    out = str(tmp_path / "cmp")
+    run_compare(root, "--out", out)
+    with open(out + ".md") as f:
+        markdown = f.read()
+    row = table_rows(markdown, "| setting |")[0]
+    assert (row["setting"], row["pairs"]) == ("a", "1")
+    assert float(row["XSA − SA"]) == pytest.approx(-0.2, abs=5e-5)
+    assert "only some runs' configs have them" in markdown and "new_key" in markdown

@@ -1,0 +1,347 @@
+"""scripts/sweep_*.sh and small_study.sh: the commands they run (DRY_RUN=1), and a real two-run
+sweep interrupted, rerun and extended: the finished run skipped untouched, the other resumed."""
+
+import hashlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, micro_args
+from metrics import read_metrics
+
+SCRIPTS = ["sweep_lr.sh", "sweep_seqlen.sh", "sweep_sinks.sh", "sweep_sizes.sh", "small_study.sh"]
+SWEEP_ENV = ("NPROC", "GPUS", "SEEDS", "OUT_ROOT", "DRY_RUN", "PYTHON", "SIZE", "SIZES", "LRS", "LENGTHS",
+             "SINKS", "TOTAL_BATCH_SIZE", "TOKENS_PER_MICRO", "DATA_DIR", "INPUT", "MAX_TOKENS",
+             "CUDA_VISIBLE_DEVICES")
+PAPER_TOKENS_PER_STEP = 524_288
+
+
+def sweep_env(**env):
+    clean = {k: v for k, v in os.environ.items() if k not in SWEEP_ENV}
+    return {**clean, "PYTHON": sys.executable, "NPROC": "1", **env}
+
+
+def run_sweep(script, *args, check=True, timeout=300, **env):
+    proc = subprocess.run([os.path.join(REPO, "scripts", script), *args], capture_output=True, text=True,
+                          timeout=timeout, env=sweep_env(**env), cwd="/")  # the scripts find the repo themselves
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def dry_run(script, *args, **env):
+    """The train.py launches a sweep would make: [{"env", "launcher", "config", "args", "overrides"}]."""
+    out = run_sweep(script, *args, DRY_RUN="1", **env).stdout
+    commands = []
+    for line in out.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        words = shlex.split(line)
+        prefix = {}
+        while "=" in words[0] and not words[0].startswith("-"):
+            key, value = words.pop(0).split("=", 1)
+            prefix[key] = value
+        if "train.py" not in words:
+            continue  # prepare.py, compare.py
+        at = words.index("train.py")
+        args = words[at + 2:]
+        overrides = dict(a[2:].split("=", 1) for a in args)  # the last value of a key wins, as in train.py
+        commands.append({"env": prefix, "launcher": words[:at + 1], "config": words[at + 1], "args": args,
+                         "overrides": overrides})
+    return commands
+
+
+def config_value(config_file, key):
+    """A key of a config file, read by executing it (independently of the scripts)."""
+    namespace = {}
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        exec(open(config_file).read(), namespace)
+    finally:
+        os.chdir(cwd)
+    return namespace[key]
+
+
+def check_names(cmd, out_root, sweep, name, group):
+    o = cmd["overrides"]
+    assert o["out_dir"] == f"{out_root}/{sweep}/{name}"
+    assert o["wandb_run_name"] == name
+    assert o["wandb_group"] == group
+
+
+def test_scripts_are_executable_and_document_themselves():
+    for script in SCRIPTS:
+        path = os.path.join(REPO, "scripts", script)
+        assert os.access(path, os.X_OK), f"{script} is not executable"
+        proc = run_sweep(script, "--help")
+        assert "scripts/" + script in proc.stdout
+
+
+def test_lr_sweep_runs_sa_and_xsa_at_the_paper_learning_rates(tmp_path):
+    out_root = str(tmp_path)
+    commands = dry_run("sweep_lr.sh", OUT_ROOT=out_root)
+    assert len(commands) == 8
+    seen = set()
+    for cmd in commands:
+        assert cmd["launcher"] == [sys.executable, "train.py"] and cmd["env"] == {}
+        attn = os.path.basename(cmd["config"]).split("_")[0]
+        lr = cmd["overrides"]["learning_rate"]
+        assert cmd["config"] == f"config/{attn}_1p4b.py"
+        check_names(cmd, out_root, "sweep_lr", f"{attn}_1p4b_lr{lr}", "sweep_lr_1p4b")
+        assert "init_from" not in cmd["overrides"]  # nothing to resume yet
+        seen.add((attn, float(lr)))
+    assert seen == {(a, lr) for a in ("sa", "xsa") for lr in (1e-4, 2e-4, 4e-4, 6e-4)}
+
+
+def test_lr_sweep_takes_size_and_rates_from_the_environment(tmp_path):
+    commands = dry_run("sweep_lr.sh", OUT_ROOT=str(tmp_path), SIZE="0p7b", LRS="3e-4 5e-4")
+    assert [(c["config"], c["overrides"]["learning_rate"]) for c in commands] == [
+        ("config/sa_0p7b.py", "3e-4"), ("config/xsa_0p7b.py", "3e-4"),
+        ("config/sa_0p7b.py", "5e-4"), ("config/xsa_0p7b.py", "5e-4")]
+    assert {c["overrides"]["wandb_group"] for c in commands} == {"sweep_lr_0p7b"}
+
+
+@pytest.mark.parametrize("nproc", [1, 8])
+def test_seqlen_sweep_keeps_524288_tokens_per_step_and_the_micro_batch_in_memory(tmp_path, nproc):
+    out_root = str(tmp_path)
+    commands = dry_run("sweep_seqlen.sh", OUT_ROOT=out_root, NPROC=str(nproc))
+    # the 1.4B config's micro-step (8 x 2048 tokens per GPU) is the memory the sweep must stay within
+    tokens_per_micro = config_value("config/sa_1p4b.py", "batch_size") * config_value("config/sa_1p4b.py",
+                                                                                      "block_size")
+    lengths = set()
+    for cmd in commands:
+        o = cmd["overrides"]
+        length, batch_size, total = int(o["block_size"]), int(o["batch_size"]), int(o["total_batch_size"])
+        world = 1 if nproc == 1 else int(cmd["launcher"][cmd["launcher"].index("--standalone") + 1].split("=")[1])
+        assert world == nproc
+        assert total == PAPER_TOKENS_PER_STEP
+        assert batch_size >= 1 and batch_size * length <= max(tokens_per_micro, length)
+        assert batch_size * length == tokens_per_micro  # every paper length divides 16384: no memory wasted
+        grad_accum, remainder = divmod(PAPER_TOKENS_PER_STEP, batch_size * length * world)
+        assert remainder == 0 and grad_accum >= 1
+        assert batch_size * length * grad_accum * world == PAPER_TOKENS_PER_STEP
+        attn = os.path.basename(cmd["config"]).split("_")[0]
+        assert cmd["config"] == f"config/{attn}_1p4b.py"
+        check_names(cmd, out_root, "sweep_seqlen", f"{attn}_1p4b_seqlen{length}", "sweep_seqlen_1p4b")
+        lengths.add((attn, length))
+    assert lengths == {(a, n) for a in ("sa", "xsa") for n in (512, 1024, 2048, 4096, 8192, 16384)}
+
+
+def test_seqlen_sweep_refuses_a_process_count_that_cannot_make_whole_micro_steps(tmp_path):
+    proc = run_sweep("sweep_seqlen.sh", check=False, DRY_RUN="1", OUT_ROOT=str(tmp_path), NPROC="3")
+    assert proc.returncode == 2 and "not a multiple" in proc.stderr
+
+
+def test_sinks_sweep_runs_0_1_and_4_sinks_at_1p4b(tmp_path):
+    out_root = str(tmp_path)
+    commands = dry_run("sweep_sinks.sh", OUT_ROOT=out_root)
+    seen = set()
+    for cmd in commands:
+        attn = os.path.basename(cmd["config"]).split("_")[0]
+        n = cmd["overrides"]["n_sinks"]
+        assert cmd["config"] == f"config/{attn}_1p4b.py"
+        check_names(cmd, out_root, "sweep_sinks", f"{attn}_1p4b_sinks{n}", "sweep_sinks_1p4b")
+        seen.add((attn, int(n)))
+    assert seen == {(a, n) for a in ("sa", "xsa") for n in (0, 1, 4)} and len(commands) == 6
+
+
+def test_sizes_sweep_runs_the_three_paper_configs_unchanged(tmp_path):
+    out_root = str(tmp_path)
+    commands = dry_run("sweep_sizes.sh", OUT_ROOT=out_root)
+    assert [c["config"] for c in commands] == [f"config/{a}_{s}.py" for s in ("0p7b", "1p4b", "2p7b")
+                                               for a in ("sa", "xsa")]
+    for cmd in commands:
+        name = os.path.basename(cmd["config"])[:-3]
+        check_names(cmd, out_root, "sweep_sizes", name, "sweep_sizes")
+        assert set(cmd["overrides"]) == {"out_dir", "wandb_run_name", "wandb_group"}  # each size's own LR
+
+
+@pytest.mark.parametrize("script", SCRIPTS[:4])
+def test_extra_arguments_reach_every_run_and_win(tmp_path, script):
+    extra = ["--max_iters=2000", "--wandb_log=False"]
+    commands = dry_run(script, *extra, OUT_ROOT=str(tmp_path))
+    assert commands
+    for cmd in commands:
+        assert cmd["args"][-2:] == extra  # last, so they override the config file
+        assert cmd["overrides"]["max_iters"] == "2000"
+
+
+def test_seeds_repeat_every_run_in_its_own_directory(tmp_path):
+    out_root = str(tmp_path)
+    commands = dry_run("sweep_lr.sh", OUT_ROOT=out_root, LRS="4e-4", SEEDS="1 2")
+    assert [(c["config"], c["overrides"]["seed"]) for c in commands] == [
+        ("config/sa_1p4b.py", "1"), ("config/xsa_1p4b.py", "1"), ("config/sa_1p4b.py", "2"),
+        ("config/xsa_1p4b.py", "2")]
+    for cmd in commands:
+        attn = os.path.basename(cmd["config"]).split("_")[0]
+        check_names(cmd, out_root, "sweep_lr", f"{attn}_1p4b_lr4e-4_seed{cmd['overrides']['seed']}", "sweep_lr_1p4b")
+    # --seed on the command line is a seed list of one, so it too gets its own directory
+    commands = dry_run("sweep_sinks.sh", "--seed=7", OUT_ROOT=out_root, SINKS="4")
+    assert [c["overrides"]["out_dir"] for c in commands] == [f"{out_root}/sweep_sinks/{a}_1p4b_sinks4_seed7"
+                                                             for a in ("sa", "xsa")]
+
+
+def test_launchers_for_gpus_and_processes(tmp_path):
+    # one single-GPU run per GPU, in parallel (the dry run shows them round-robin)
+    commands = dry_run("sweep_lr.sh", OUT_ROOT=str(tmp_path), GPUS="0 1 2 3", NPROC="")
+    assert [c["env"] for c in commands] == [{"CUDA_VISIBLE_DEVICES": g} for g in "01230123"]
+    assert all(c["launcher"] == [sys.executable, "train.py"] for c in commands)
+    # two GPUs per run: torchrun with two processes, on disjoint GPUs
+    commands = dry_run("sweep_sinks.sh", OUT_ROOT=str(tmp_path), GPUS="0,1 2,3", NPROC="")
+    assert [c["env"]["CUDA_VISIBLE_DEVICES"] for c in commands] == ["0,1", "2,3"] * 3
+    assert all(c["launcher"] == ["torchrun", "--standalone", "--nproc_per_node=2", "train.py"] for c in commands)
+    # all GPUs for every run, one run after the other
+    commands = dry_run("sweep_sizes.sh", OUT_ROOT=str(tmp_path), NPROC="8")
+    assert all(c["launcher"] == ["torchrun", "--standalone", "--nproc_per_node=8", "train.py"] and not c["env"]
+               for c in commands)
+
+
+@pytest.mark.parametrize("args", [["--learning_rate=1e-3"], ["--out_dir=elsewhere"], ["--init_from=resume"],
+                                  ["max_iters=10"], ["config/sa_tiny.py"]])
+def test_sweep_refuses_arguments_it_cannot_pass_through(tmp_path, args):
+    proc = run_sweep("sweep_lr.sh", *args, check=False, DRY_RUN="1", OUT_ROOT=str(tmp_path))
+    assert proc.returncode == 2 and "error:" in proc.stderr
+    assert "train.py" not in proc.stdout
+
+
+def test_dry_run_skips_finished_runs_and_resumes_unfinished_ones(tmp_path):
+    """Judged from the checkpoint names against the max_iters each run would train to."""
+    out_root = str(tmp_path)
+    finished = tmp_path / "sweep_lr" / "sa_1p4b_lr4e-4"
+    unfinished = tmp_path / "sweep_lr" / "xsa_1p4b_lr4e-4"
+    for path, steps in ((finished, (198000, 200000)), (unfinished, (4000, 6000))):
+        path.mkdir(parents=True)
+        for step in steps:
+            (path / f"ckpt_{step:07d}.pt").write_bytes(b"")
+    (unfinished / "ckpt_0300000.pt.tmp123").write_bytes(b"")  # a write cut short is no checkpoint
+    proc = run_sweep("sweep_lr.sh", DRY_RUN="1", OUT_ROOT=out_root, LRS="4e-4")
+    assert "sa_1p4b_lr4e-4: skip (finished: checkpoint step 200000 >= max_iters 200000)" in proc.stdout
+    commands = dry_run("sweep_lr.sh", OUT_ROOT=out_root, LRS="4e-4")
+    assert len(commands) == 1 and commands[0]["config"] == "config/xsa_1p4b.py"
+    assert commands[0]["args"][-1] == "--init_from=resume"
+    # a larger max_iters extends the finished run too
+    commands = dry_run("sweep_lr.sh", "--max_iters=250000", OUT_ROOT=out_root, LRS="4e-4")
+    assert [c["args"][-1] for c in commands] == ["--init_from=resume"] * 2
+    # FSDP runs save sharded checkpoints as ckpt_<step>/ directories
+    (unfinished / "ckpt_0200000").mkdir()
+    proc = run_sweep("sweep_lr.sh", DRY_RUN="1", OUT_ROOT=out_root, LRS="4e-4")
+    assert "xsa_1p4b_lr4e-4: skip (finished: checkpoint step 200000 >= max_iters 200000)" in proc.stdout
+
+
+def test_small_study_prepares_data_trains_seeds_and_compares(tmp_path):
+    data_dir = str(tmp_path / "shards")
+    proc = run_sweep("small_study.sh", DRY_RUN="1", OUT_ROOT=str(tmp_path), DATA_DIR=data_dir,
+                     INPUT="/some/corpus/*.txt")
+    lines = [shlex.split(line) for line in proc.stdout.splitlines() if not line.startswith("#")]
+    prepare = lines[0]
+    assert prepare[1:3] == ["data/fineweb/prepare.py", "--input"]
+    assert prepare[3] == "/some/corpus/*.txt"  # the glob goes to prepare.py unexpanded
+    assert prepare[prepare.index("--out_dir") + 1] == data_dir
+    commands = dry_run("small_study.sh", OUT_ROOT=str(tmp_path), DATA_DIR=data_dir, INPUT="/some/corpus/*.txt")
+    runs = [f"{tmp_path}/small_study/{a}_tiny_seed{s}" for s in (1, 2, 3) for a in ("sa", "xsa")]
+    assert [c["overrides"]["out_dir"] for c in commands] == runs
+    assert all(c["overrides"]["data_dir"] == data_dir for c in commands)
+    compare = lines[-1]
+    assert compare[1] == "eval/compare.py" and compare[2:8] == runs
+
+
+# -----------------------------------------------------------------------------
+# a real sweep: two micro runs, interrupted, rerun, extended
+
+
+def files_of(directory):
+    """{name: (size, mtime_ns, sha1)} of every file in a directory."""
+    result = {}
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        with open(path, "rb") as f:
+            result[name] = (os.path.getsize(path), os.stat(path).st_mtime_ns, hashlib.sha1(f.read()).hexdigest())
+    return result
+
+
+def newest_step(directory):
+    steps = [int(n[5:12]) for n in os.listdir(directory) if n.startswith("ckpt_") and n.endswith(".pt")] \
+        if os.path.isdir(directory) else []
+    return max(steps, default=None)
+
+
+def test_interrupted_sweep_resumes_unfinished_runs_and_skips_finished_ones(tmp_path, data_dir):
+    out_root = str(tmp_path / "out")
+    max_iters = 8
+    micro = [a for a in micro_args(data_dir, "unused", max_iters=max_iters, checkpoint_interval=2,
+                                   eval_interval=4, val_tokens=1024)
+             if not a.startswith(("--out_dir=", "--learning_rate="))]  # the sweep sets these
+    env = sweep_env(OUT_ROOT=out_root, SIZE="tiny", LRS="1e-3", OMP_NUM_THREADS="2")
+    sa_dir, xsa_dir = (os.path.join(out_root, "sweep_lr", f"{a}_tiny_lr1e-3") for a in ("sa", "xsa"))
+
+    # 1. SA finishes; XSA is stopped (SIGTERM to the sweep, as from a scheduler) after its first checkpoint
+    sweep = subprocess.Popen([os.path.join(REPO, "scripts", "sweep_lr.sh"), *micro], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while newest_step(xsa_dir) is None:
+            assert sweep.poll() is None, f"sweep ended early:\n{sweep.stdout.read()}"
+            assert time.time() < deadline, "no XSA checkpoint in time"
+            time.sleep(0.05)
+        sweep.send_signal(signal.SIGTERM)
+        output = sweep.communicate(timeout=60)[0]
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+    assert sweep.returncode == 130, output
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):  # the sweep stopped its run: nothing of it is left running
+        os.killpg(sweep.pid, 0)
+    assert newest_step(sa_dir) == max_iters
+    stopped_at = newest_step(xsa_dir)
+    assert stopped_at < max_iters, "XSA finished before it could be interrupted; the test needs a slower run"
+    sa_files = files_of(sa_dir)
+
+    # 2. the same command again, with a second LR added and two runs at a time: SA is skipped and left
+    #    untouched, XSA resumes from its checkpoint, the new LR's runs start from scratch
+    proc = run_sweep("sweep_lr.sh", *micro, OUT_ROOT=out_root, SIZE="tiny", LRS="1e-3 2e-3", GPUS="0 1",
+                     OMP_NUM_THREADS="1")
+    assert f"sa_tiny_lr1e-3: skip (finished: checkpoint step {max_iters} >= max_iters {max_iters})" in proc.stdout
+    assert f"xsa_tiny_lr1e-3: resume from step {stopped_at} of {max_iters}" in proc.stdout
+    assert "3 started, 1 skipped as finished, 0 failed" in proc.stdout
+    assert files_of(sa_dir) == sa_files
+    with open(os.path.join(xsa_dir, "train.log")) as f:
+        assert f"resuming from {xsa_dir}/ckpt_{stopped_at:07d}.pt at step {stopped_at}" in f.read()
+    with open(os.path.join(xsa_dir, "console.log")) as f:  # parallel runs write their output there
+        assert "resuming from" in f.read()
+    for name in ("sa_tiny_lr1e-3", "xsa_tiny_lr1e-3", "sa_tiny_lr2e-3", "xsa_tiny_lr2e-3"):
+        run_dir = os.path.join(out_root, "sweep_lr", name)
+        assert newest_step(run_dir) == max_iters
+        assert [r["step"] for r in read_metrics(os.path.join(run_dir, "metrics.jsonl"))] == \
+            list(range(1, max_iters + 1))
+
+    # 3. once more: everything is finished, nothing runs
+    proc = run_sweep("sweep_lr.sh", *micro, OUT_ROOT=out_root, SIZE="tiny", LRS="1e-3 2e-3")
+    assert "0 started, 4 skipped as finished, 0 failed" in proc.stdout
+    assert files_of(sa_dir) == sa_files
+
+
+def test_sweeps_resolve_a_runs_config_as_train_py_does():
+    """The skip decision needs a run's max_iters: the scripts read train.py's defaults without
+    importing it (no torch per run); they must agree with train.py's own module globals."""
+    import train
+    from configurator import parse_config
+    argv = ["config/xsa_1p4b.py", "--max_iters=1234", "--learning_rate=2e-4"]
+    keys = ["max_iters", "learning_rate", "batch_size", "block_size", "eval_interval", "lr_decay_iters", "min_lr"]
+    proc = subprocess.run(["bash", "-c", 'source scripts/sweep_common.sh && resolve_config "$@"', "resolve",
+                           " ".join(keys), *argv], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env=sweep_env())
+    assert proc.returncode == 0, proc.stderr
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        config, _ = parse_config({k: getattr(train, k) for k in train.config_keys}, argv)
+    finally:
+        os.chdir(cwd)
+    assert proc.stdout.split() == [str(config[k]) for k in keys]
