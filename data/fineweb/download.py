@@ -1,0 +1,66 @@
+"""
+Download the public pre-tokenized GPT-2 FineWeb shards (llm.c format, the ones modded-nanogpt
+uses) instead of tokenizing with prepare.py: the val shard and the first --shards train shards
+(about 100M tokens each).
+
+    python data/fineweb/download.py --shards 10                                   # 1B train tokens
+    python data/fineweb/download.py --dataset kjj0/fineweb10B-gpt2 --out_dir data/fineweb/fineweb10B
+
+Files already there and valid are kept, so an interrupted download resumes.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import shards
+
+TRAIN_SHARDS = {"kjj0/fineweb100B-gpt2": 1030, "kjj0/fineweb10B-gpt2": 103}  # all of each dataset
+
+
+def shard_filenames(num_train_shards):
+    """The val shard, then train shards 1..num_train_shards, named as in the public repos."""
+    return ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin" for i in range(1, num_train_shards + 1)]
+
+
+def is_valid_shard(path):
+    try:
+        shards.read_header(path)
+        return True
+    except shards.ShardError:
+        return False
+
+
+def download_shard(repo_id, filename, out_dir):
+    """Fetch one shard (unless a valid copy is there) and check its header and size."""
+    from huggingface_hub import hf_hub_download  # only this script needs it
+    path = os.path.join(out_dir, filename)
+    if not is_valid_shard(path):
+        path = hf_hub_download(repo_id=repo_id, filename=filename, repo_type="dataset", local_dir=out_dir,
+                               force_download=os.path.exists(path))  # a damaged copy: fetch it again
+    return shards.read_header(path)  # a clear error naming the file if the download is not a shard
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="kjj0/fineweb100B-gpt2", help="a Hugging Face dataset repo of llm.c shards")
+    parser.add_argument("--shards", type=int, default=None, help="number of train shards (default: all)")
+    parser.add_argument("--out_dir", default="data/fineweb/fineweb100B")
+    args = parser.parse_args()
+    num_train = args.shards if args.shards is not None else TRAIN_SHARDS.get(args.dataset)
+    if num_train is None or num_train < 0:
+        parser.error(f"give --shards N (a number >= 0) for {args.dataset}")
+
+    os.makedirs(args.out_dir, exist_ok=True)
+    total = 0
+    for filename in shard_filenames(num_train):
+        ntok = download_shard(args.dataset, filename, args.out_dir)
+        total += ntok
+        print(f"{filename}: {ntok:,} tokens", flush=True)
+    print(f"done: {num_train + 1} shards, {total:,} tokens in {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,402 @@
+"""
+FineWeb (or any local text) -> GPT-2 token shards in the llm.c format (see shards.py).
+
+The documents are tokenized by a pool of worker processes, each document as
+[50256] + encode_ordinary(text), and concatenated into one token stream that is cut into
+shards: the first --val_tokens tokens go to fineweb_val_000000.bin, the rest to
+fineweb_train_000001.bin, fineweb_train_000002.bin, ... of --shard_size tokens each (the last
+one shorter). A document may straddle two shards, as in llm.c.
+
+    python data/fineweb/prepare.py                                       # FineWeb sample-100BT from the Hub
+    python data/fineweb/prepare.py --max_tokens 1_000_000_000             # the first 1B tokens only
+    python data/fineweb/prepare.py --input 'sample/100BT/*.parquet'       # local parquet/jsonl/txt files
+    python data/fineweb/prepare.py --verify --out_dir data/fineweb/fineweb100B
+
+Resumable: out_dir/manifest.json records, for every shard written, where in the document
+stream it starts and ends. Kill it at any moment and rerun it with the same arguments: it keeps
+the shards it has, skips the documents they hold without tokenizing them again, and ends with
+shards byte-identical to an uninterrupted run.
+"""
+
+import argparse
+import collections
+import fcntl
+import glob
+import json
+import os
+import sys
+import time
+from multiprocessing import Pool
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np
+import pyarrow.parquet as pq
+import tiktoken
+from tqdm import tqdm
+
+import shards
+
+TOKENIZER = "gpt2"
+EOT = 50256  # <|endoftext|>, the delimiter that starts every document
+EOT_ARRAY = np.array([EOT], dtype=np.uint32)
+DOCS_PER_BATCH = 256  # documents per worker task: ~200k tokens of FineWeb, enough to amortise the IPC
+MANIFEST = "manifest.json"
+
+# -----------------------------------------------------------------------------
+# documents in: a stream of texts, numbered from 0, that can start at any document index
+
+
+def expand_inputs(patterns):
+    """Input files in the order given (each glob sorted), so the document order is reproducible."""
+    files = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        if not matches or not all(os.path.isfile(m) for m in matches):
+            sys.exit(f"--input {pattern!r}: no such file")
+        files += [os.path.abspath(m) for m in matches]
+    for path in files:
+        if not path.endswith((".parquet", ".jsonl", ".txt")):
+            sys.exit(f"--input {path}: unsupported file type (expected .parquet, .jsonl or .txt)")
+    return files
+
+
+def iter_parquet_texts(path, skip):
+    """The `text` column, skipping whole row groups through the footer metadata when resuming."""
+    pf = pq.ParquetFile(path)
+    for group in range(pf.num_row_groups):
+        rows = pf.metadata.row_group(group).num_rows
+        if skip >= rows:
+            skip -= rows
+            continue
+        for batch in pf.iter_batches(batch_size=1024, row_groups=[group], columns=["text"]):
+            texts = batch.column(0).to_pylist()
+            yield from texts[skip:]
+            skip = max(0, skip - len(texts))
+
+
+def iter_jsonl_texts(path, skip):
+    """The `text` field of each non-blank line; skipped lines are counted, not parsed."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            if skip:
+                skip -= 1
+                continue
+            yield json.loads(line)["text"]
+
+
+def count_documents(path):
+    """Number of documents in a local file, cheaply (no text is decoded for parquet)."""
+    if path.endswith(".parquet"):
+        return pq.ParquetFile(path).metadata.num_rows
+    if path.endswith(".jsonl"):
+        with open(path, encoding="utf-8") as f:
+            return sum(1 for line in f if line.strip())
+    return 1
+
+
+def iter_local_documents(files, start):
+    """Texts of local files from document index `start` on: parquet/jsonl rows, or a whole .txt file."""
+    for path in files:
+        if start and start >= (n := count_documents(path)):
+            start -= n
+            continue
+        if path.endswith(".parquet"):
+            yield from iter_parquet_texts(path, start)
+        elif path.endswith(".jsonl"):
+            yield from iter_jsonl_texts(path, start)
+        else:
+            with open(path, encoding="utf-8") as f:
+                yield f.read()
+        start = 0
+
+
+def iter_hub_documents(dataset, name, start):
+    """Texts streamed from the Hugging Face Hub from document index `start` on."""
+    from datasets import load_dataset  # slow to import, and not needed for local files
+    ds = load_dataset(dataset, name=name, split="train", streaming=True)
+    if start:
+        ds = ds.skip(start)
+    for example in ds:
+        yield example["text"]
+
+
+def batched(texts, size):
+    batch = []
+    for text in texts:
+        batch.append(text)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+# -----------------------------------------------------------------------------
+# tokenization, in the worker processes
+
+
+def tokenize_batch(texts):
+    """GPT-2 tokens of a batch of documents, each preceded by EOT, as one uint16 array (sent back
+    to the main process as a memcpy, where a list of Python ints would be pickled one by one), and
+    each document's length in tokens."""
+    enc = tiktoken.get_encoding(TOKENIZER)
+    parts = []
+    for text in texts:
+        # = encode_ordinary(text) (special-token text is plain text), as numpy: no list of Python ints.
+        # One document at a time: tiktoken holds the GIL, so encode_ordinary_batch's threads only add
+        # overhead; the parallelism comes from the worker processes.
+        parts += [EOT_ARRAY, enc.encode_to_numpy(text, disallowed_special=())]
+    tokens = np.concatenate(parts)
+    if tokens.max() >= 2 ** 16:
+        raise ValueError(f"token id {tokens.max()} does not fit in uint16, the shards' token type")
+    lengths = np.array([len(ids) for ids in parts[1::2]], dtype=np.int64) + 1
+    return tokens.astype(np.uint16), lengths
+
+
+def imap_ordered(pool, fn, items, max_in_flight):
+    """pool.imap, but reading at most max_in_flight items ahead: Pool.imap's feeder thread would
+    pull the whole (100B-token) input stream into memory as fast as it can read it."""
+    pending = collections.deque()
+    for item in items:
+        pending.append(pool.apply_async(fn, (item,)))
+        if len(pending) >= max_in_flight:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+# -----------------------------------------------------------------------------
+# the manifest: what determines the output, and where each shard lies in the document stream
+
+
+def output_settings(args, files):
+    """Everything that determines the shards' bytes (not --num_proc, not --out_dir)."""
+    source = {"files": files} if files else {"dataset": args.dataset, "name": args.name}
+    return {"source": source, "shard_size": args.shard_size, "val_tokens": args.val_tokens,
+            "max_tokens": args.max_tokens, "tokenizer": TOKENIZER, "eot": EOT}
+
+
+def save_manifest(out_dir, manifest):
+    """Atomic (temp file, fsync, rename): a kill leaves the old manifest or the new one."""
+    path = os.path.join(out_dir, MANIFEST)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    shards.fsync_dir(out_dir)
+
+
+def differences(old, new):
+    return [f"{key}: {old.get(key)!r} before, {new.get(key)!r} now" for key in new if old.get(key) != new[key]]
+
+
+def load_manifest(out_dir, settings):
+    """The manifest to continue from: a fresh one for a new out_dir, the existing one if it was made
+    with the same settings, else an error (never mix two streams in one directory)."""
+    path = os.path.join(out_dir, MANIFEST)
+    if not os.path.exists(path):
+        if glob.glob(os.path.join(out_dir, "*.bin")):
+            sys.exit(f"{out_dir} holds shards but no {MANIFEST}; use an empty --out_dir")
+        return {"settings": settings, "shards": [], "complete": False}
+    with open(path) as f:
+        manifest = json.load(f)
+    changed = differences(manifest["settings"], settings)
+    if changed:
+        sys.exit(f"{out_dir} was prepared with other settings ({'; '.join(changed)}); "
+                 f"rerun with the same arguments to resume, or use another --out_dir")
+    for shard in manifest["shards"]:  # a shard damaged since it was written is not silently kept
+        try:
+            ntok = shards.read_header(os.path.join(out_dir, shard["file"]))
+        except shards.ShardError as e:
+            sys.exit(f"cannot resume: {e}")
+        if ntok != shard["tokens"]:
+            sys.exit(f"cannot resume: {shard['file']} holds {ntok} tokens but {MANIFEST} says {shard['tokens']}")
+    return manifest
+
+
+def lock_out_dir(out_dir):
+    """One writer per out_dir: a second run would delete the first one's temp files. A POSIX lock
+    (lockf, not flock) is not inherited by the forked workers, so it dies with this process."""
+    f = open(os.path.join(out_dir, ".prepare.lock"), "w")
+    try:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        sys.exit(f"another prepare.py is writing to {out_dir}")
+    return f  # the lock lasts as long as this file stays open
+
+
+def remove_temp_files(out_dir):
+    """A killed run can leave the temp file of a shard or manifest it was writing; never a shard."""
+    for path in glob.glob(os.path.join(out_dir, "*.bin.tmp*")) + glob.glob(os.path.join(out_dir, f"{MANIFEST}.tmp*")):
+        os.remove(path)
+
+# -----------------------------------------------------------------------------
+# shards out
+
+
+def shard_name(index):
+    return f"fineweb_val_{index:06d}.bin" if index == 0 else f"fineweb_train_{index:06d}.bin"
+
+
+class ShardWriter:
+    """Cuts the token stream into shards and records, for each, its document range in the manifest.
+    The stream position is (doc, offset): the next token is token `offset` of document `doc`."""
+
+    def __init__(self, out_dir, manifest):
+        self.out_dir, self.manifest = out_dir, manifest
+        self.settings = manifest["settings"]
+        written = manifest["shards"]
+        self.tokens_written = sum(s["tokens"] for s in written)
+        self.doc, self.offset = (written[-1]["next_doc"], written[-1]["next_offset"]) if written else (0, 0)
+        self.start_shard()
+
+    def start_shard(self):
+        index = len(self.manifest["shards"])
+        size = self.settings["val_tokens"] if index == 0 else self.settings["shard_size"]
+        if self.settings["max_tokens"] is not None:
+            size = min(size, self.settings["max_tokens"] - self.tokens_written)
+        self.buf = np.empty(size, dtype=np.uint16)
+        self.filled = 0
+        self.first_doc, self.first_offset = self.doc, self.offset
+
+    @property
+    def done(self):
+        return len(self.buf) == 0  # max_tokens reached
+
+    def add(self, tokens, doc_lengths):
+        """Append a batch of tokenized documents that starts at document self.doc; the first
+        self.offset tokens of that document are already in earlier shards (after a resume).
+        Stops at max_tokens."""
+        doc_ends = np.cumsum(doc_lengths)
+        batch_first_doc, i = self.doc, self.offset
+        while i < len(tokens) and not self.done:
+            take = min(len(self.buf) - self.filled, len(tokens) - i)
+            self.buf[self.filled:self.filled + take] = tokens[i:i + take]
+            self.filled += take
+            i += take
+            d = int(np.searchsorted(doc_ends, i, side="right"))  # the document holding token i
+            self.doc, self.offset = batch_first_doc + d, i - (int(doc_ends[d - 1]) if d else 0)
+            if self.filled == len(self.buf):
+                self.write_shard()
+
+    def write_shard(self):
+        name = shard_name(len(self.manifest["shards"]))
+        shards.write_shard(os.path.join(self.out_dir, name), self.buf[:self.filled])
+        last_doc = self.doc if self.offset else self.doc - 1
+        self.manifest["shards"].append({
+            "file": name, "tokens": self.filled,
+            "first_doc": self.first_doc, "first_offset": self.first_offset, "last_doc": last_doc,
+            "next_doc": self.doc, "next_offset": self.offset})
+        save_manifest(self.out_dir, self.manifest)
+        self.tokens_written += self.filled
+        time.sleep(float(os.environ.get("PREPARE_SLOW_SHARD_WRITE_S", 0)))  # test hook: a window to kill in
+        self.start_shard()
+
+    def finish(self):
+        """Write the last, shorter shard and mark the manifest complete."""
+        if self.filled:
+            self.write_shard()
+        if not self.manifest["shards"]:
+            sys.exit("no documents in the input")
+        last = self.manifest["shards"][-1]
+        self.manifest.update(complete=True, documents=last["last_doc"] + 1, tokens=self.tokens_written)
+        save_manifest(self.out_dir, self.manifest)
+
+# -----------------------------------------------------------------------------
+# --verify
+
+
+def verify(out_dir):
+    """Check every shard's header and size (and the manifest's token counts, if there is one)."""
+    paths = sorted(glob.glob(os.path.join(out_dir, "*_val_*.bin"))) + sorted(glob.glob(os.path.join(out_dir, "*_train_*.bin")))
+    if not paths:
+        sys.exit(f"verify failed: no *_val_*.bin or *_train_*.bin shards in {out_dir}")
+    counts = {}
+    for path in paths:
+        try:
+            counts[os.path.basename(path)] = shards.read_header(path)
+        except shards.ShardError as e:
+            sys.exit(f"verify failed: {e}")
+    status = f"no {MANIFEST}"
+    if os.path.exists(os.path.join(out_dir, MANIFEST)):
+        with open(os.path.join(out_dir, MANIFEST)) as f:
+            manifest = json.load(f)
+        for shard in manifest["shards"]:
+            if counts.get(shard["file"]) != shard["tokens"]:
+                sys.exit(f"verify failed: {os.path.join(out_dir, shard['file'])}: {MANIFEST} says "
+                         f"{shard['tokens']} tokens, the shard has {counts.get(shard['file'], 'none (missing)')}")
+        status = "complete" if manifest["complete"] else "incomplete: rerun prepare.py with the same arguments to finish"
+    val = sum(n for name, n in counts.items() if "_val_" in name)
+    train = sum(counts.values()) - val
+    print(f"ok: {len(paths)} shards in {out_dir}: {val:,} val + {train:,} train = {val + train:,} tokens ({status})")
+
+# -----------------------------------------------------------------------------
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", nargs="+", help="local .parquet/.jsonl files (their `text` field) or .txt files "
+                        "(one document each), or globs; default: stream --dataset from the Hub")
+    parser.add_argument("--out_dir", default="data/fineweb/fineweb100B")
+    parser.add_argument("--shard_size", type=int, default=100_000_000, help="tokens per train shard")
+    parser.add_argument("--val_tokens", type=int, default=50_000_000, help="the first this many tokens form the val shard")
+    parser.add_argument("--max_tokens", type=int, default=None, help="stop after this many tokens in all")
+    parser.add_argument("--num_proc", type=int, default=max(1, (os.cpu_count() or 1) - 1), help="tokenizer processes")
+    parser.add_argument("--dataset", default="HuggingFaceFW/fineweb")
+    parser.add_argument("--name", default="sample-100BT")
+    parser.add_argument("--verify", action="store_true", help="check the shards in --out_dir and exit")
+    args = parser.parse_args()
+    for flag in ("shard_size", "val_tokens", "max_tokens", "num_proc"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            parser.error(f"--{flag} must be positive, got {value}")
+    return args
+
+
+def main():
+    args = parse_args()
+    if args.verify:
+        return verify(args.out_dir)
+    files = expand_inputs(args.input) if args.input else None
+    os.makedirs(args.out_dir, exist_ok=True)
+    lock = lock_out_dir(args.out_dir)  # noqa: F841 (held until the process exits)
+    remove_temp_files(args.out_dir)
+    manifest = load_manifest(args.out_dir, output_settings(args, files))
+    if manifest["complete"]:
+        print(f"nothing to do: {args.out_dir} is complete ({len(manifest['shards'])} shards, "
+              f"{manifest['tokens']:,} tokens from {manifest['documents']:,} documents)")
+        return
+
+    writer = ShardWriter(args.out_dir, manifest)
+    start_doc, start_tokens, start_shards = writer.doc, writer.tokens_written, len(manifest["shards"])
+    if start_shards:
+        print(f"resuming {args.out_dir}: keeping {start_shards} shards, skipping {start_doc:,} documents")
+    tiktoken.get_encoding(TOKENIZER)  # load the BPE once, here: the forked workers inherit it
+    # the pool is forked before the Hub stream opens its connections and threads
+    with Pool(args.num_proc) as pool:
+        texts = iter_local_documents(files, start_doc) if files else iter_hub_documents(args.dataset, args.name, start_doc)
+        batches = imap_ordered(pool, tokenize_batch, batched(texts, DOCS_PER_BATCH), max_in_flight=4 * args.num_proc)
+        t0 = time.time()
+        bar = tqdm(initial=start_doc, unit="docs", unit_scale=True, dynamic_ncols=True)
+        for tokens, doc_lengths in batches:
+            writer.add(tokens, doc_lengths)
+            bar.update(len(doc_lengths))
+            tokens_this_run = writer.tokens_written + writer.filled - start_tokens
+            bar.set_postfix(tok_per_s=f"{tokens_this_run / (time.time() - t0):,.0f}",
+                            shards=len(manifest["shards"]), refresh=False)
+            if writer.done:
+                break
+        writer.finish()
+        bar.close()
+    dt = time.time() - t0
+    n_val = min(1, len(manifest["shards"]))
+    print(f"done: {manifest['documents']:,} documents, {manifest['tokens']:,} tokens, {len(manifest['shards'])} shards "
+          f"({n_val} val + {len(manifest['shards']) - n_val} train) in {args.out_dir}; "
+          f"{(manifest['tokens'] - start_tokens) / dt:,.0f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()
