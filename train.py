@@ -3,13 +3,14 @@ Train a GPT with standard (SA) or exclusive (XSA) self-attention on llm.c token 
 
 Single process (CPU, one GPU):
     python train.py config/xsa_tiny.py
-DDP on one node, or many with torchrun's rendezvous:
+DDP on one node, or many with torchrun's rendezvous (scripts/slurm_train.sh):
     torchrun --standalone --nproc_per_node=8 train.py config/xsa_2p7b.py
+FSDP2, for models whose training state does not fit on one GPU (scripts/memory_plan.py says):
+    torchrun --standalone --nproc_per_node=8 train.py config/xsa_2p7b.py --parallelism=fsdp
 Continue an interrupted (or finished, with a larger max_iters) run:
     torchrun --standalone --nproc_per_node=8 train.py config/xsa_2p7b.py --init_from=resume
 """
 
-import contextlib
 import json
 import math
 import os
@@ -22,7 +23,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 # -----------------------------------------------------------------------------
 # config: defaults, overridden by config files and --key=value (configurator.py; --help lists them)
@@ -72,6 +72,10 @@ device = "auto"  # "auto" (cuda > mps > cpu), or e.g. "cpu", "cuda", "cuda:1"
 dtype = "auto"  # "auto" (bfloat16 on GPUs that support it, else float32), "float32", "bfloat16"
 compile = True  # torch.compile the model
 backend = "auto"  # torch.distributed backend; "auto" is nccl with CUDA and gloo without
+# parallelism and memory (parallelize.py; scripts/memory_plan.py estimates the memory per GPU)
+parallelism = "ddp"  # "ddp": a full replica per process; "fsdp": FSDP2, parameters/gradients/optimizer sharded
+reshard_after_forward = True  # fsdp: free gathered block parameters after forward (False: more memory, less traffic)
+activation_checkpointing = "none"  # "none", "block" (recompute every block in the backward), "selective" (every other)
 seed = 1337  # initialisation and dropout seed
 data_seed = None  # shard order seed; None means seed (SA and XSA with one seed see the same batches)
 # -----------------------------------------------------------------------------
@@ -79,11 +83,12 @@ config_keys = [k for k, v in globals().items()
                if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))]
 
 from checkpoint import (check_architecture, list_checkpoints, load_latest_checkpoint,  # noqa: E402
-                        model_config, save_checkpoint)
+                        load_training_state, model_config, save_checkpoint, save_sharded_checkpoint)
 from configurator import load_config  # noqa: E402
 from dataloader import TrainLoader, val_sequences  # noqa: E402
 from metrics import MetricsLogger  # noqa: E402
 from model import GPT  # noqa: E402
+from parallelize import clip_grad_norm, gradient_sync, is_sharded, parallelize  # noqa: E402
 from runtime import (autocast, enable_tf32, peak_flops, peak_memory_gb, provenance,  # noqa: E402
                      resolve_dtype, setup_runtime, teardown_runtime)
 
@@ -143,17 +148,22 @@ def gather_rng_states(runtime):
 
 @torch.no_grad()
 def evaluate(model, val_x, val_y, runtime, batch_size, dtype):
-    """Mean loss over the fixed validation tokens; rank r scores sequences r, r+W, r+2W, ..."""
+    """Mean loss over the fixed validation tokens; rank r scores sequences r, r+W, r+2W, ...
+    Every rank runs the same number of forwards (FSDP's forward is collective)."""
     model.eval()
     mine = torch.arange(runtime.rank, len(val_x), runtime.world_size)
     totals = torch.zeros(2, dtype=torch.float64, device=runtime.device)  # loss sum, token count
-    for i in range(0, len(mine), batch_size):
+    per_rank = math.ceil(len(val_x) / runtime.world_size)
+    for i in range(0, per_rank, batch_size):
         rows = mine[i:i + batch_size]
+        scored = len(rows) > 0  # else this rank has run out of sequences: a forward all the same
+        rows = rows if scored else torch.zeros(1, dtype=torch.long)
         x, y = val_x[rows].to(runtime.device), val_y[rows].to(runtime.device)
         with autocast(runtime.device_type, dtype):
             logits, _ = model(x)
-        totals[0] += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").double()
-        totals[1] += y.numel()
+        if scored:
+            totals[0] += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").double()
+            totals[1] += y.numel()
     if runtime.distributed:
         dist.all_reduce(totals)
     model.train()
@@ -186,6 +196,10 @@ def train(c, runtime, log):
 
     torch.manual_seed(c["seed"])  # same initialisation on every rank
     raw_model = GPT(model_config(c)).to(runtime.device)
+    # model: compiled, for evaluation; train_model: what the step calls (DDP-wrapped); under FSDP both
+    # are raw_model itself, sharded in place. The optimizer comes after: FSDP replaces the parameters
+    model, train_model = parallelize(raw_model, c, runtime, dtype)
+    sharded = is_sharded(raw_model)  # checkpoints: a DCP directory of shards, else one file
     optimizer = raw_model.configure_optimizers(c["weight_decay"], c["learning_rate"],
                                                (c["beta1"], c["beta2"]), runtime.device_type)
 
@@ -196,12 +210,11 @@ def train(c, runtime, log):
         # nothing saved yet (a crash before the first checkpoint): resuming means starting over
         log.print(f"init_from='resume': no checkpoint in {c['out_dir']} yet, starting from scratch")
     elif c["init_from"] == "resume":
-        path, ckpt = load_latest_checkpoint(c["out_dir"], map_location=runtime.device)
+        path, ckpt = load_latest_checkpoint(c["out_dir"])
         if path is None:
             raise FileNotFoundError(f"init_from='resume' but no checkpoint in {c['out_dir']} is readable")
         check_architecture(ckpt["config"], c, path)
-        raw_model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        load_training_state(path, ckpt, raw_model, optimizer)  # either format, any parallelism and world size
         for group in optimizer.param_groups:  # hyperparameters come from the config given now
             group["betas"] = (c["beta1"], c["beta2"])
             group["weight_decay"] = c["weight_decay"] if group["weight_decay"] > 0 else 0.0
@@ -213,10 +226,6 @@ def train(c, runtime, log):
             log.print(f"note: checkpoint has RNG states of {len(states)} ranks, resuming on {runtime.world_size}")
         set_rng_state(states[runtime.rank % len(states)], runtime.device_type)
         log.print(f"resuming from {path} at step {start_step}")
-
-    model = torch.compile(raw_model) if c["compile"] else raw_model
-    train_model = DDP(model, device_ids=[runtime.local_rank] if runtime.device_type == "cuda" else None) \
-        if runtime.distributed else model
 
     # nothing is written before the config, data and checkpoint have been checked
     if runtime.is_main:
@@ -230,6 +239,8 @@ def train(c, runtime, log):
     log.print(f"model: {raw_model.num_params() / 1e6:.2f}M non-embedding parameters, attn_type={c['attn_type']}; "
               f"{c['total_batch_size']:,} tokens per step = {runtime.world_size} processes x {grad_accum} "
               f"micro-steps x {c['batch_size']} x {c['block_size']}; dtype {dtype}")
+    strategy = "fsdp" if sharded else "ddp" if runtime.distributed else "none: one process, nothing to shard"
+    log.print(f"parallelism {strategy}; activation checkpointing {c['activation_checkpointing']}")
     if c["wandb_log"]:
         log.start_wandb(c["wandb_project"], c["wandb_group"], c["wandb_run_name"], wandb_run_id, c)
     if start_step >= c["max_iters"]:
@@ -244,10 +255,16 @@ def train(c, runtime, log):
         x, y = loader.next_batch()
         return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
 
-    def checkpoint_state(step, data_state):
-        return {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "loader": data_state, "rng": gather_rng_states(runtime), "config": c,
-                "wandb_run_id": wandb_run_id, "best_val_loss": best_val_loss, "provenance": provenance(runtime)}
+    def write_checkpoint(step, data_state):
+        """Every rank calls it; returns the path written (None on ranks that write nothing)."""
+        state = {"step": step, "loader": data_state, "rng": gather_rng_states(runtime), "config": c,
+                 "wandb_run_id": wandb_run_id, "best_val_loss": best_val_loss, "provenance": provenance(runtime)}
+        if sharded:  # every rank writes its shards
+            return save_sharded_checkpoint(raw_model, optimizer, state, c["out_dir"], step, c["keep_checkpoints"])
+        if runtime.is_main:
+            state.update(model=raw_model.state_dict(), optimizer=optimizer.state_dict())
+            return save_checkpoint(state, c["out_dir"], step, c["keep_checkpoints"])
+        return None
 
     batch = fetch_batch()
     skipped_steps = 0
@@ -264,19 +281,16 @@ def train(c, runtime, log):
             rows = slice(micro * c["batch_size"], (micro + 1) * c["batch_size"])
             xb = x[rows].to(runtime.device, non_blocking=True)
             yb = y[rows].to(runtime.device, non_blocking=True)
-            # gradients are all-reduced only on the last micro-step
-            sync = contextlib.nullcontext() if not runtime.distributed or micro == grad_accum - 1 \
-                else train_model.no_sync()
-            with sync:
+            # gradients are reduced across processes only on the last micro-step
+            with gradient_sync(train_model, micro == grad_accum - 1):
                 with autocast(runtime.device_type, dtype):
-                    _, loss = train_model(xb, yb)
+                    loss = train_model(xb, yb)[1]  # the logits are not kept through the backward
                 (loss / grad_accum).backward()
             loss_sum += loss.detach()
         data_state = loader.state_dict()  # the position after this step's batch
         if not last_step:
             batch = fetch_batch()  # read while the device works through the queued kernels
-        grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(),
-                                                   c["grad_clip"] if c["grad_clip"] > 0 else float("inf"))
+        grad_norm = clip_grad_norm(raw_model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf"))
         train_loss = loss_sum / grad_accum
 
         eval_step = step % c["eval_interval"] == 0 or last_step
@@ -329,16 +343,14 @@ def train(c, runtime, log):
                       f"peak mem {record['peak_mem_gb']:.2f} GB"
                       + (f" | val loss {record['val_loss']:.4f}" if eval_step else ""))
         if checkpoint_step:
-            state = checkpoint_state(step, data_state)
             error = None
-            if runtime.is_main:
-                try:
-                    path = save_checkpoint(state, c["out_dir"], step, c["keep_checkpoints"])
-                    log.print(f"saved checkpoint {path}")
-                except OSError as e:
-                    error = e
+            try:
+                path = write_checkpoint(step, data_state)
+                log.print(f"saved checkpoint {path}")
+            except OSError as e:
+                error = e
             if not all_ranks_ok(error is None, runtime):
-                raise TrainingStopped(f"checkpoint write failed at step {step}: {error or 'on rank 0'}")
+                raise TrainingStopped(f"checkpoint write failed at step {step}: {error or 'on another rank'}")
         if log_step or checkpoint_step:  # time spent on eval, logging and checkpoints is not throughput
             if runtime.device_type == "cuda":
                 torch.cuda.synchronize()

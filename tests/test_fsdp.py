@@ -1,0 +1,236 @@
+"""FSDP2, activation checkpointing and the memory planner: the same training whatever the strategy,
+checkpoints that move between strategies and world sizes, memory estimates that match measurements."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from checkpoint import list_checkpoints, load_latest_checkpoint, load_model
+from conftest import MICRO, REPO, micro_args, run_train
+from dataloader import val_sequences
+from metrics import read_metrics
+
+# one global batch of 4 x 2 sequences: 1 process x 4 micro-steps, or 2 processes x 2 micro-steps;
+# 5 val sequences: on 2 processes 3 and 2, in batches of 2, so FSDP's collective forwards must line up
+RUN = dict(max_iters=6, lr_decay_iters=6, batch_size=2, total_batch_size=2 * 2 * 32 * 2, checkpoint_interval=2,
+           eval_interval=100, val_tokens=5 * 32)
+# the two-process FSDP runs: XSA also with every block's activations recomputed
+FSDP = {"sa": dict(parallelism="fsdp"), "xsa": dict(parallelism="fsdp", activation_checkpointing="block")}
+
+
+def records(out_dir):
+    return read_metrics(os.path.join(out_dir, "metrics.jsonl"))
+
+
+def assert_same_training(run, reference, steps, rel=1e-4):
+    """Equal train losses and gradient norms at `steps`, and equal final val losses (to rel)."""
+    got = {r["step"]: r for r in records(run)}
+    want = {r["step"]: r for r in records(reference)}
+    assert sorted(got) == list(steps)
+    for step in steps:
+        assert got[step]["train_loss"] == pytest.approx(want[step]["train_loss"], rel=rel), step
+        assert got[step]["grad_norm"] == pytest.approx(want[step]["grad_norm"], rel=rel), step
+    assert got[steps[-1]]["val_loss"] == pytest.approx(want[steps[-1]]["val_loss"], rel=rel)
+
+
+@pytest.fixture(scope="module")
+def one_process(data_dir, tmp_path_factory):
+    """Single-process runs, SA and XSA: {attn_type: out_dir}."""
+    runs = {}
+    for attn_type in ("sa", "xsa"):
+        runs[attn_type] = str(tmp_path_factory.mktemp(f"one_{attn_type}"))
+        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, **RUN))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(data_dir, tmp_path_factory):
+    """Two-process FSDP runs, SA and XSA: {attn_type: out_dir}."""
+    runs = {}
+    for attn_type, settings in FSDP.items():
+        runs[attn_type] = str(tmp_path_factory.mktemp(f"fsdp_{attn_type}"))
+        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, **RUN, **settings), nproc=2)
+    return runs
+
+
+@pytest.mark.parametrize("attn_type", ["sa", "xsa"])
+def test_two_process_fsdp_matches_one_process(one_process, fsdp_runs, attn_type):
+    assert_same_training(fsdp_runs[attn_type], one_process[attn_type], steps=range(1, 7))
+    log = open(os.path.join(fsdp_runs[attn_type], "train.log")).read()
+    assert "parallelism fsdp" in log and "2 processes x 2 micro-steps" in log
+
+
+def test_fsdp_writes_sharded_checkpoints_and_keeps_the_newest(fsdp_runs):
+    out = fsdp_runs["sa"]
+    assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004", "ckpt_0000006"]
+    assert not [name for name in os.listdir(out) if ".tmp" in name]
+    newest = os.path.join(out, "ckpt_0000006")
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "run_state.pt"} <= set(os.listdir(newest))
+    state = torch.load(os.path.join(newest, "run_state.pt"), weights_only=True)
+    assert {"step", "loader", "rng", "config", "wandb_run_id", "best_val_loss", "provenance"} <= set(state)
+    assert state["step"] == 6 and len(state["rng"]) == 2 and state["config"]["parallelism"] == "fsdp"
+
+
+def copy_checkpoint(run, name, out_dir):
+    os.makedirs(out_dir)
+    copy = shutil.copytree if os.path.isdir(os.path.join(run, name)) else shutil.copy
+    copy(os.path.join(run, name), os.path.join(out_dir, name))
+
+
+@pytest.mark.parametrize("attn_type,nproc", [("sa", 1), ("xsa", 2)])
+def test_fsdp_checkpoint_resumes_in_ddp(data_dir, tmp_path, one_process, fsdp_runs, attn_type, nproc):
+    """On one process (no process group) and on two DDP processes (each reads every shard)."""
+    out = str(tmp_path / "run")
+    copy_checkpoint(fsdp_runs[attn_type], "ckpt_0000004", out)
+    proc = run_train(micro_args(data_dir, out, attn_type=attn_type, init_from="resume", **RUN), nproc=nproc)
+    assert "resuming from" in proc.stdout and "at step 4" in proc.stdout
+    assert ("checkpoint has RNG states of 2 ranks, resuming on 1" in proc.stdout) == (nproc == 1)
+    assert_same_training(out, one_process[attn_type], steps=[5, 6], rel=1e-5)
+    assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004", "ckpt_0000006.pt"]
+
+
+def test_single_file_checkpoint_resumes_in_two_process_fsdp(data_dir, tmp_path, one_process):
+    out = str(tmp_path / "run")
+    copy_checkpoint(one_process["xsa"], "ckpt_0000004.pt", out)
+    proc = run_train(micro_args(data_dir, out, attn_type="xsa", init_from="resume", **RUN, **FSDP["xsa"]), nproc=2)
+    assert "at step 4" in proc.stdout
+    assert_same_training(out, one_process["xsa"], steps=[5, 6], rel=1e-5)
+    assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004.pt", "ckpt_0000006"]
+
+
+def test_sharded_checkpoint_loads_for_evaluation(data_dir, fsdp_runs):
+    """eval/*.py's load_model, in one process without a process group: the run's last val loss."""
+    model, config = load_model(fsdp_runs["sa"])
+    assert config["parallelism"] == "fsdp" and not model.training
+    x, y = val_sequences(data_dir, MICRO["block_size"], RUN["val_tokens"])
+    with torch.no_grad():
+        val_loss = model(x, y)[1].item()
+    assert val_loss == pytest.approx(records(fsdp_runs["sa"])[-1]["val_loss"], rel=1e-5)
+    same, _ = load_model(os.path.join(fsdp_runs["sa"], "ckpt_0000006"))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), same.state_dict().values()))
+
+
+def test_truncated_sharded_checkpoint_falls_back_to_previous(tmp_path, fsdp_runs):
+    out = str(tmp_path / "run")
+    shutil.copytree(fsdp_runs["sa"], out)
+    shard = os.path.join(out, "ckpt_0000006", "__1_0.distcp")
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) // 2)
+    with pytest.warns(UserWarning, match=r"skipping unreadable checkpoint .*ckpt_0000006"):
+        path, state = load_latest_checkpoint(out)
+    assert os.path.basename(path) == "ckpt_0000004" and state["step"] == 4
+
+
+def test_failed_sharded_checkpoint_write_leaves_previous_intact(tmp_path, monkeypatch):
+    """Also: a sharded checkpoint written and read by one process, without a process group."""
+    import errno
+    from checkpoint import load_training_state, model_config, save_sharded_checkpoint
+    from model import GPT
+    model = GPT(model_config(MICRO))
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    save_sharded_checkpoint(model, optimizer, {"step": 1}, str(tmp_path), 1)
+
+    def disk_full(obj, f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", disk_full)
+        with pytest.raises(OSError, match="No space left on device.*previous checkpoints are untouched"):
+            save_sharded_checkpoint(model, optimizer, {"step": 2}, str(tmp_path), 2)
+    assert os.listdir(tmp_path) == ["ckpt_0000001"]
+    path, state = load_latest_checkpoint(str(tmp_path))
+    assert state == {"step": 1}
+    fresh = GPT(model_config(MICRO))
+    torch.nn.init.zeros_(fresh.lm_head.weight)  # differs from the saved model (tied: the embedding too)
+    fresh_optimizer = fresh.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    load_training_state(path, state, fresh, fresh_optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+
+
+def test_activation_checkpointing_gives_the_same_training():
+    """Recomputed blocks give bit-identical losses, gradients and parameters, dropout included."""
+    from checkpoint import model_config
+    from model import GPT
+    from parallelize import apply_activation_checkpointing
+    x = torch.randint(0, 512, (4, MICRO["block_size"] + 1))
+    results = {}
+    for mode in ("none", "block", "selective"):
+        torch.manual_seed(0)
+        model = GPT(model_config({**MICRO, "n_layer": 3, "vocab_size": 512, "attn_type": "xsa", "dropout": 0.1}))
+        apply_activation_checkpointing(model, mode)
+        optimizer = model.configure_optimizers(0.1, 1e-2, (0.9, 0.95), "cpu")
+        losses = []
+        for _ in range(3):
+            loss = model(x[:, :-1], x[:, 1:])[1]
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        results[mode] = (losses, [p.detach().clone() for p in model.parameters()])
+    for mode in ("block", "selective"):
+        assert results[mode][0] == results["none"][0]
+        assert all(torch.equal(a, b) for a, b in zip(results[mode][1], results["none"][1]))
+
+
+# -----------------------------------------------------------------------------
+# scripts/memory_plan.py: estimates against peaks measured on this CPU (fp32: 4-byte activations)
+
+SMALL = dict(n_layer=4, n_embd=256, n_head=4, head_dim=64, block_size=256, batch_size=4)  # mostly the loss
+WIDE = dict(n_layer=4, n_embd=384, n_head=6, head_dim=64, block_size=512, batch_size=4, vocab_size=4096)  # blocks
+MEASURED = {"small": SMALL, "wide": WIDE, "wide-block": dict(WIDE, activation_checkpointing="block"),
+            "wide-selective": dict(WIDE, activation_checkpointing="selective")}
+
+
+@pytest.fixture(scope="module")
+def measured():
+    """memory_plan.py --measure for each config, run side by side (one process each): {name: result}."""
+    procs = {}
+    for name, settings in MEASURED.items():
+        args = [f"--{k}={v}" for k, v in {**settings, "device": "cpu", "dtype": "float32"}.items()]
+        procs[name] = subprocess.Popen([sys.executable, "scripts/memory_plan.py", *args, "--measure=True",
+                                        "--json_output=True"], cwd=REPO, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        results[name] = json.loads(out.strip().splitlines()[-1])
+    return results
+
+
+@pytest.mark.parametrize("name", list(MEASURED))
+def test_memory_plan_matches_measured_peak(measured, name):
+    result = measured[name]
+    assert result["dtype"] == "float32" and result["device"] == "cpu"
+    assert result["bytes"]["total"] == pytest.approx(result["measured_bytes"], rel=0.25)
+
+
+def test_activation_checkpointing_lowers_measured_peak(measured):
+    peak = {name: measured[name]["measured_bytes"] for name in ("wide", "wide-selective", "wide-block")}
+    assert peak["wide-block"] < peak["wide-selective"] < peak["wide"]
+    assert peak["wide-block"] < 0.75 * peak["wide"]
+
+
+def test_memory_plan_for_the_paper_configs(monkeypatch):
+    """Sharding and recomputation lower the planned memory per GPU of the 2.7B model on 8 GPUs."""
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import memory_plan
+    import train
+    from configurator import parse_config
+    monkeypatch.chdir(REPO)
+    c, _ = parse_config({k: getattr(train, k) for k in train.config_keys}, ["config/xsa_2p7b.py"])
+    total = {}
+    for parallelism in ("ddp", "fsdp"):
+        for mode in ("none", "block"):
+            run = {**c, "parallelism": parallelism, "activation_checkpointing": mode}
+            total[parallelism, mode] = memory_plan.plan(run, 8)["total"]
+    assert total["fsdp", "none"] < total["ddp", "none"] and total["fsdp", "block"] < total["ddp", "block"]
+    assert total["ddp", "block"] < total["ddp", "none"] and total["fsdp", "block"] < total["fsdp", "none"]
+    assert 2.7e9 < memory_plan.parameter_counts(c)["total"] < 2.9e9
+    budget = 76e9
+    assert memory_plan.largest_micro_batch(c, 8, budget, "cuda", "bfloat16") < \
+        memory_plan.largest_micro_batch({**c, "parallelism": "fsdp"}, 8, budget, "cuda", "bfloat16")
