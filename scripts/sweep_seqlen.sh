@@ -10,8 +10,9 @@
 #   LENGTHS="512 1024 2048 4096 8192 16384"
 #   TOTAL_BATCH_SIZE=524288   tokens per optimizer step (--total_batch_size)
 #   TOKENS_PER_MICRO       tokens per GPU per micro-step; default: the config's batch_size x
-#                          block_size (8 x 2048 at 1.4B), which is known to fit in memory
-# Each run gets --batch_size=B with B x L = TOKENS_PER_MICRO (at least one sequence), so memory
+#                          block_size (4 x 2048 at 1.4B), which the memory planner says fits
+# Each run gets --batch_size=B with B x L = TOKENS_PER_MICRO (at least one sequence, so lengths
+# above TOKENS_PER_MICRO hold more tokens: add --activation_checkpointing=selective there), so memory
 # stays about the same at every length and train.py raises gradient accumulation to keep
 # TOTAL_BATCH_SIZE = B x L x processes x accumulation steps.
 # Runs: $OUT_ROOT/sweep_seqlen/{sa,xsa}_<SIZE>_seqlen<L>, wandb group sweep_seqlen_<SIZE>. Rerun to
