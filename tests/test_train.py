@@ -80,3 +80,22 @@ def test_missing_data_dir_is_a_clear_error(tmp_path):
     proc = run_train(micro_args(str(tmp_path / "no_data"), str(tmp_path / "run")), check=False)
     assert proc.returncode == 3 and "does not exist; run data/fineweb/prepare.py" in proc.stderr
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_wandb_offline_run_gets_config_and_resumed_run_keeps_its_id(data_dir, tmp_path):
+    import torch
+    from checkpoint import list_checkpoints
+    out = str(tmp_path / "run")
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    settings = dict(max_iters=2, eval_interval=2, checkpoint_interval=1, wandb_log=True,
+                    wandb_project="xsa-test", wandb_group="micro", wandb_run_name="sa_micro")
+    run_train(micro_args(data_dir, out, **settings), env=env)
+    run_id = torch.load(list_checkpoints(out)[-1], weights_only=True)["wandb_run_id"]
+    runs = [d for d in os.listdir(tmp_path / "wandb") if d.startswith("offline-run-")]
+    assert len(runs) == 1 and runs[0].endswith(run_id)
+    record = (tmp_path / "wandb" / runs[0] / f"run-{run_id}.wandb").read_bytes()
+    assert b"attn_type" in record and b"train_loss" in record and b"val_loss" in record  # config and metrics
+    run_train(micro_args(data_dir, out, init_from="resume", **{**settings, "max_iters": 3}), env=env)
+    runs = sorted(d for d in os.listdir(tmp_path / "wandb") if d.startswith("offline-run-"))
+    assert len(runs) == 2 and all(r.endswith(run_id) for r in runs)  # the same wandb run continues
+    assert torch.load(list_checkpoints(out)[-1], weights_only=True)["wandb_run_id"] == run_id
