@@ -206,6 +206,10 @@ def train(c, runtime, log):
     start_step, best_val_loss, wandb_run_id = 0, float("inf"), uuid.uuid4().hex[:12]
     if c["init_from"] not in ("scratch", "resume"):
         raise ValueError(f"init_from must be 'scratch' or 'resume', got {c['init_from']!r}")
+    if c["init_from"] == "scratch" and list_checkpoints(c["out_dir"]):
+        # not deleted (nothing is lost), but a later resume must not mix them up with this run's
+        log.print(f"warning: starting from scratch in {c['out_dir']}, which holds checkpoints of an earlier run: "
+                  f"this run replaces them as it saves; use another out_dir to keep both")
     if c["init_from"] == "resume" and not list_checkpoints(c["out_dir"]):
         # nothing saved yet (a crash before the first checkpoint): resuming means starting over
         log.print(f"init_from='resume': no checkpoint in {c['out_dir']} yet, starting from scratch")

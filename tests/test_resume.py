@@ -193,3 +193,14 @@ def test_train_forever_relaunches_after_a_crash(data_dir, tmp_path):
     assert wrapper.returncode == 0, output[-3000:]
     assert "restarting" in output and "resuming from" in output
     assert losses(out) == losses(full)
+
+
+def test_scratch_run_over_old_checkpoints_warns_and_deletes_nothing(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "checkpoint_interval": 4}))
+    old = digest(list_checkpoints(out)[-1])
+    proc = run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 2, "checkpoint_interval": 0}))
+    assert "warning: starting from scratch" in proc.stdout
+    assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000002.pt", "ckpt_0000004.pt"]
+    assert digest(os.path.join(out, "ckpt_0000004.pt")) == old
+    assert [s for s, _ in losses(out)] == [1, 2]  # metrics.jsonl now describes the new run only
