@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from model import GPT, GPTConfig
-from shards import fsync_dir
+from shards import fsync_dir, write_atomically
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt_(\d+)(\.pt)?")
 RUN_STATE = "run_state.pt"  # in a sharded checkpoint: everything but the model and optimizer
@@ -74,21 +74,11 @@ def save_checkpoint(state, out_dir, step, keep=2):
     A failure mid-write (a full disk) removes the temp file and leaves older checkpoints intact."""
     os.makedirs(out_dir, exist_ok=True)
     path = checkpoint_path(out_dir, step)
-    tmp = path + f".tmp{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(e, OSError):
-            raise OSError(e.errno, f"could not write checkpoint {path} ({e.strerror}); "
-                                   f"the previous checkpoints are untouched") from e
-        raise
-    fsync_dir(out_dir)
+        write_atomically(path, lambda f: torch.save(state, f))
+    except OSError as e:
+        raise OSError(e.errno, f"could not write checkpoint {path} ({e.strerror}); "
+                               f"the previous checkpoints are untouched") from e
     prune_checkpoints(out_dir, keep)
     return path
 

@@ -29,11 +29,14 @@ class TrainLoader:
         self.block_size, self.tokens_per_step = block_size, tokens_per_step
         self.rank, self.world_size, self.data_seed = rank, world_size, data_seed
         self.epoch, self.shard_index, self.offset = 0, 0, 0
+        self._order, self._order_epoch = None, None
 
     def shard_order(self, epoch):
         """The order in which shards are read in an epoch; depends only on data_seed and epoch."""
-        rng = np.random.default_rng([self.data_seed, epoch])
-        return rng.permutation(len(self.paths))
+        if self._order_epoch != (self.data_seed, epoch):  # drawn once per epoch, not on every read
+            self._order = np.random.default_rng([self.data_seed, epoch]).permutation(len(self.paths))
+            self._order_epoch = (self.data_seed, epoch)
+        return self._order
 
     def read_tokens(self, n):
         """The next n tokens of the stream, without moving the position (crosses shards and epochs)."""

@@ -36,18 +36,14 @@ def fsync_dir(path):
             os.close(fd)
 
 
-def write_shard(path, tokens):
-    """Write tokens as a shard, atomically: a crash leaves either the old file or the full new one."""
-    tokens = np.asarray(tokens)
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= 2 ** 16):
-        raise ShardError(f"{path}: token ids must fit in uint16, got range [{tokens.min()}, {tokens.max()}]")
-    header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0], header[1], header[2] = MAGIC, VERSION, tokens.size
+def write_atomically(path, write):
+    """Call write(f) on a temp file beside path, fsync it and rename it over path: a crash or a full
+    disk leaves either the old file or the whole new one, never a partial file. Used for shards,
+    manifests and checkpoints alike."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
-            f.write(header.tobytes())
-            f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -56,6 +52,20 @@ def write_shard(path, tokens):
             os.remove(tmp)
         raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def write_shard(path, tokens):
+    """Write tokens as a shard, atomically: a crash leaves either the old file or the full new one."""
+    tokens = np.asarray(tokens)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= 2 ** 16):
+        raise ShardError(f"{path}: token ids must fit in uint16, got range [{tokens.min()}, {tokens.max()}]")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[0], header[1], header[2] = MAGIC, VERSION, tokens.size
+
+    def write(f):
+        f.write(header.tobytes())
+        f.write(tokens.astype(TOKEN_DTYPE, copy=False).tobytes())
+    write_atomically(path, write)
 
 
 def read_header(path):

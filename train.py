@@ -231,14 +231,15 @@ def train(c, runtime, log):
         set_rng_state(states[runtime.rank % len(states)], runtime.device_type)
         log.print(f"resuming from {path} at step {start_step}")
 
+    run_provenance = provenance(runtime)  # git and device queries: once per run, not per checkpoint
     # nothing is written before the config, data and checkpoint have been checked
     if runtime.is_main:
         os.makedirs(c["out_dir"], exist_ok=True)
-        run_info = {"config": c, "provenance": provenance(runtime)}
+        run_info = {"config": c, "provenance": run_provenance}
         with open(os.path.join(c["out_dir"], "config.json"), "w") as f:
             json.dump(run_info, f, indent=2)
     log.keep_steps_up_to(start_step)
-    log.print(f"provenance: {json.dumps(provenance(runtime))}")
+    log.print(f"provenance: {json.dumps(run_provenance)}")
     log.print(f"config: {json.dumps(c)}")
     log.print(f"model: {raw_model.num_params() / 1e6:.2f}M non-embedding parameters, attn_type={c['attn_type']}; "
               f"{c['total_batch_size']:,} tokens per step = {runtime.world_size} processes x {grad_accum} "
@@ -262,7 +263,7 @@ def train(c, runtime, log):
     def write_checkpoint(step, data_state):
         """Every rank calls it; returns the path written (None on ranks that write nothing)."""
         state = {"step": step, "loader": data_state, "rng": gather_rng_states(runtime), "config": c,
-                 "wandb_run_id": wandb_run_id, "best_val_loss": best_val_loss, "provenance": provenance(runtime)}
+                 "wandb_run_id": wandb_run_id, "best_val_loss": best_val_loss, "provenance": run_provenance}
         if sharded:  # every rank writes its shards
             return save_sharded_checkpoint(raw_model, optimizer, state, c["out_dir"], step, c["keep_checkpoints"])
         if runtime.is_main:

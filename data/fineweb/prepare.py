@@ -179,14 +179,8 @@ def output_settings(args, files):
 
 def save_manifest(out_dir, manifest):
     """Atomic (temp file, fsync, rename): a kill leaves the old manifest or the new one."""
-    path = os.path.join(out_dir, MANIFEST)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    shards.fsync_dir(out_dir)
+    text = json.dumps(manifest, indent=1)
+    shards.write_atomically(os.path.join(out_dir, MANIFEST), lambda f: f.write(text.encode()))
 
 
 def differences(old, new):
