@@ -3,7 +3,7 @@
 # models on it, and print their validation losses side by side.
 #
 #   bash scripts/quickstart.sh                                     # FineWeb sample-100BT, streamed from the Hub
-#   INPUT='../shared/corpus/shakespeare/*.txt' bash scripts/quickstart.sh   # local text instead (txt/parquet/jsonl)
+#   INPUT='tests/fixtures/corpus/*.txt' bash scripts/quickstart.sh   # local text instead (txt/parquet/jsonl)
 #
 # DATA_DIR (default data/fineweb/fineweb_tiny) and MAX_TOKENS (default 2M) choose the slice; extra
 # --key=value arguments go to both training runs (e.g. --max_iters=300).

@@ -7,7 +7,7 @@
 # it says little about the paper's claim, which is about 0.7B-2.7B models trained on 100B tokens, while
 # models of a few million parameters often differ by noise alone (hence several seeds; docs/paper.md).
 #
-#     INPUT='../shared/corpus/shakespeare/*.txt' scripts/small_study.sh     # prepare shards, then train
+#     INPUT='tests/fixtures/corpus/*.txt' scripts/small_study.sh     # prepare shards, then train
 #     SEEDS="1 2 3 4 5" scripts/small_study.sh --max_iters=240
 #
 #   SEEDS="1 2 3"
@@ -26,10 +26,6 @@ MAX_TOKENS=${MAX_TOKENS:-2000000}
 SWEEP_RESERVED=(data_dir)
 
 sweep_begin small_study small_study "$@"
-# offline tokenizer: the GPT-2 BPE files every checkout has beside it (docs/design.md)
-if [[ -z ${TIKTOKEN_CACHE_DIR:-} && -d ../shared/tiktoken_cache ]]; then
-    export TIKTOKEN_CACHE_DIR="$PWD/../shared/tiktoken_cache"
-fi
 
 if [[ ! -d $DATA_DIR && -z ${INPUT:-} ]]; then
     msg="no shards in $DATA_DIR: set INPUT to text files to make them from, or DATA_DIR"

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.path.join(os.path.dirname(REPO), "shared")
-CORPUS = sorted(glob.glob(os.path.join(SHARED, "corpus", "shakespeare", "*.txt")))
+# six public-domain Shakespeare plays (Project Gutenberg texts), shipped with the tests
+CORPUS = sorted(glob.glob(os.path.join(REPO, "tests", "fixtures", "corpus", "*.txt")))
 
 sys.path.insert(0, REPO)
-if os.path.isdir(os.path.join(SHARED, "tiktoken_cache")):
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", os.path.join(SHARED, "tiktoken_cache"))
+# the GPT-2 BPE files are downloaded by tiktoken on first use; an offline machine points
+# TIKTOKEN_CACHE_DIR at a copy of them before running the tests
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
@@ -25,10 +25,10 @@ MICRO = dict(n_layer=2, n_head=2, n_embd=32, head_dim=16, block_size=32, vocab_s
 
 @pytest.fixture(scope="session")
 def corpus_docs():
-    """A few Shakespeare texts as documents (one play = one document)."""
-    assert CORPUS, f"no corpus under {SHARED}"
+    """The fixture plays as documents (one play = one document)."""
+    assert len(CORPUS) == 6, "tests/fixtures/corpus/ should hold six plays"
     docs = []
-    for path in CORPUS[:6]:
+    for path in CORPUS:
         with open(path, encoding="utf-8") as f:
             docs.append(f.read())
     return docs

@@ -3,7 +3,7 @@ Tokenization throughput: prepare.py's parallel path (a pool of --num_proc worker
 tokenize_batch over batches of documents) against a plain single-process encode_ordinary loop,
 on the same documents.
 
-    python data/fineweb/bench_tokenize.py                                  # the Shakespeare corpus
+    python data/fineweb/bench_tokenize.py                                  # the test corpus (six plays)
     python data/fineweb/bench_tokenize.py --input 'sample/100BT/000_00000.parquet' --repeat 1
 
 Texts are split at paragraph breaks into documents of about --doc_chars characters, so a
@@ -21,7 +21,7 @@ import tiktoken
 from prepare import DOCS_PER_BATCH, TOKENIZER, batched, expand_inputs, imap_ordered, iter_local_documents, tokenize_batch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHAKESPEARE = os.path.join(os.path.dirname(REPO), "shared", "corpus", "shakespeare", "*.txt")
+TEST_CORPUS = os.path.join(REPO, "tests", "fixtures", "corpus", "*.txt")
 
 
 def split_paragraphs(text, doc_chars):
@@ -71,7 +71,7 @@ def timed(fn, *args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", nargs="+", default=[SHAKESPEARE], help="files or globs, as for prepare.py")
+    parser.add_argument("--input", nargs="+", default=[TEST_CORPUS], help="files or globs, as for prepare.py")
     parser.add_argument("--doc_chars", type=int, default=3000, help="split texts into documents of about this size")
     parser.add_argument("--repeat", type=int, default=2, help="repeat the documents this many times, for a longer run")
     parser.add_argument("--num_proc", type=int, default=os.cpu_count(), help="worker processes of the parallel path")
