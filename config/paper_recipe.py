@@ -1,4 +1,4 @@
-# The paper's training recipe, shared by every size (../README.md, "Paper configs"):
+# The paper's training recipe, shared by every size (docs/training.md, "The paper's configs"):
 # FineWeb-100BT, context 2048, 524,288 tokens per step, 200K steps (~100B tokens, one epoch),
 # AdamW with 2K warmup and cosine decay to 0.1x of the peak learning rate, bf16, compiled.
 data_dir = "data/fineweb/fineweb100B"

@@ -40,7 +40,7 @@ TASKS = {
     "winogrande": ("WinoG", "acc"),
 }
 
-# the paper's Table 2 (paper.md), in percent, columns in the order of TASKS then avg
+# the paper's Table 2 (docs/paper.md), in percent, columns in the order of TASKS then avg
 PAPER_TABLE2 = {
     "paper 0.7B SA": [51.26, 61.07, 55.68, 52.82, 35.00, 74.05, 40.02, 55.88, 53.22],
     "paper 0.7B XSA": [52.69, 61.19, 56.29, 54.07, 32.20, 73.78, 41.45, 56.20, 53.48],

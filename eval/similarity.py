@@ -6,7 +6,7 @@ heads and validation sequences,
     a_ii    mean diagonal attention weight, how much a token attends to itself
     cos_yv  mean cos(y_i, v_i) between the attention output and the token's own value, before XSA
     cos_zv  XSA models only: mean |z_i . v_i| / (|v_i| |y_i|) after XSA, which should be ~0;
-            y in the denominator because z itself can be ~0 (design.md), and position 0 left
+            y in the denominator because z itself can be ~0 (docs/design.md), and position 0 left
             out, where z = y - proj(y) is rounding noise
 All positions of a sequence count, including the first (where a_00 = cos(y_0, v_0) = 1), so
 the numbers follow the paper's plain definitions; learned sink tokens never count as tokens.
