@@ -18,9 +18,8 @@ import time
 
 import torch
 
-import train
 from checkpoint import model_config
-from configurator import load_config
+from configurator import TRAIN_PY, load_config, read_defaults
 from model import GPT
 from runtime import autocast, enable_tf32, peak_flops, pick_device, resolve_dtype
 
@@ -61,8 +60,8 @@ def sync(device_type):
 
 def main():
     bench_keys = ["bench_rounds", "bench_steps", "bench_warmup", "bench_variants", "profile", "bench_json"]
-    defaults = {**{k: getattr(train, k) for k in train.config_keys}, **{k: globals()[k] for k in bench_keys}}
-    c, _ = load_config(defaults, source_path=(train.__file__, __file__), prog="bench.py")
+    defaults = {**read_defaults()[0], **{k: globals()[k] for k in bench_keys}}
+    c, _ = load_config(defaults, source_path=(TRAIN_PY, __file__), prog="bench.py")
     device = pick_device(c["device"])
     device_type = device.split(":")[0]
     dtype = resolve_dtype(c["dtype"], device_type)

@@ -11,14 +11,22 @@ Two formats, each readable by any run whatever its parallelism or number of proc
   RNG state of every rank, config, wandb id, best val loss, provenance).
 Model and optimizer states are exchanged keyed by parameter name (torch.distributed.checkpoint's
 state_dict API), so a sharded checkpoint loads into an unsharded model and back, on any world size.
+
+Every checkpoint carries CRC32 checksums (of each tensor in a file, of each shard file in a
+directory): a corrupted checkpoint, not only a truncated one, is found when it is loaded and skipped
+for the previous one. `Checkpointer` saves and restores a run's whole training state.
 """
 
 import contextlib
 import glob
 import os
+import random
 import re
 import shutil
 import warnings
+import zlib
+
+import numpy as np
 
 import torch
 import torch.distributed as dist
@@ -26,15 +34,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from configurator import read_defaults
 from model import GPT, GPTConfig
 from shards import fsync_dir, write_atomically
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt_(\d+)(\.pt)?")
 RUN_STATE = "run_state.pt"  # in a sharded checkpoint: everything but the model and optimizer
-# GPTConfig fields that decide the parameters or what they compute; the others (block_size,
-# dropout) are training choices a resumed run may change
-ARCHITECTURE_KEYS = ("n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "attn_type",
-                     "xsa_gate", "n_sinks", "rope_theta", "bias")
+ARCHITECTURE_KEYS = read_defaults()[1]["ARCHITECTURE_KEYS"]  # declared beside train.py's defaults
 
 
 def checkpoint_path(out_dir, step, sharded=False):
@@ -64,22 +70,84 @@ def remove_checkpoint(path):
     shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
 
-def prune_checkpoints(out_dir, keep):
-    for old in list_checkpoints(out_dir)[:-keep] if keep > 0 else []:
-        remove_checkpoint(old)
+def prune_checkpoints(out_dir, keep, known_good):
+    """Delete the checkpoints older than the newest `keep` of those known to be readable (written by
+    this run, or loaded by it): an unreadable checkpoint never counts as kept, so a readable one is
+    never deleted in its favour."""
+    good = [p for p in list_checkpoints(out_dir) if p in known_good]
+    if keep <= 0 or len(good) <= keep:
+        return
+    oldest_kept = checkpoint_step(good[-keep])
+    for path in list_checkpoints(out_dir):
+        if checkpoint_step(path) < oldest_kept:
+            remove_checkpoint(path)
 
 
-def save_checkpoint(state, out_dir, step, keep=2):
-    """Write state atomically (temp file, fsync, rename), then delete all but the newest `keep`.
-    A failure mid-write (a full disk) removes the temp file and leaves older checkpoints intact."""
+def remove_temp_files(out_dir):
+    """Clean up after a process killed mid-write: remove checkpoint temp files and directories
+    (ckpt_*.pt.tmp<pid>, ckpt_*.tmp/) and metrics/config temp files. A sharded checkpoint moved aside
+    to be replaced by a new one of the same step (ckpt_*.old/) is put back if the new one never
+    arrived. Complete checkpoints are never touched."""
+    for old in glob.glob(os.path.join(out_dir, "ckpt_*.old")):
+        if os.path.exists(old[:-len(".old")]):
+            shutil.rmtree(old)
+        else:
+            os.replace(old, old[:-len(".old")])
+    patterns = ("ckpt_*.tmp*", "metrics.jsonl.tmp*", "config.json.tmp*")
+    for path in sorted({p for pattern in patterns for p in glob.glob(os.path.join(out_dir, pattern))}):
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint whose contents do not match the checksums written with it."""
+
+
+def crc32(data, chunk=1 << 26):
+    value = 0
+    view = memoryview(data).cast("B")
+    for start in range(0, len(view), chunk):  # zlib releases the GIL on each chunk
+        value = zlib.crc32(view[start:start + chunk], value)
+    return value
+
+
+def tensor_crc32(tensor):
+    """CRC32 of a tensor's bytes (any dtype and device)."""
+    raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    return crc32(raw.numpy())
+
+
+def tensor_checksums(state, prefix=""):
+    """{path: CRC32} of every tensor in a nested state (dicts, lists, tuples), e.g.
+    "model/lm_head.weight" or "optimizer/state/3/exp_avg"."""
+    if isinstance(state, torch.Tensor):
+        return {prefix: tensor_crc32(state)}
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
+    sums = {}
+    for key, value in items:
+        sums.update(tensor_checksums(value, f"{prefix}/{key}" if prefix else str(key)))
+    return sums
+
+
+def verify_checksums(path, state, expected):
+    actual = tensor_checksums(state)
+    for name in sorted(set(expected) | set(actual)):
+        if expected.get(name) != actual.get(name):
+            raise CorruptCheckpoint(f"{path}: tensor {name} does not match its checksum (corrupted on disk)")
+
+
+def save_checkpoint(state, out_dir, step):
+    """Write state, with the checksums of its tensors, atomically (temp file, fsync, rename).
+    A failure mid-write (a full disk: OSError, or RuntimeError from torch.save's writer) removes the
+    temp file, leaves older checkpoints intact and raises OSError naming the checkpoint."""
     os.makedirs(out_dir, exist_ok=True)
     path = checkpoint_path(out_dir, step)
+    state = {**state, "checksums": tensor_checksums(state)}
     try:
         write_atomically(path, lambda f: torch.save(state, f))
-    except OSError as e:
-        raise OSError(e.errno, f"could not write checkpoint {path} ({e.strerror}); "
-                               f"the previous checkpoints are untouched") from e
-    prune_checkpoints(out_dir, keep)
+    except (OSError, RuntimeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip().splitlines()[0]
+        raise OSError(getattr(e, "errno", None), f"could not write checkpoint {path} ({reason}); "
+                                                 f"the previous checkpoints are untouched") from e
     return path
 
 
@@ -91,12 +159,20 @@ def single_process_quietly():
         yield
 
 
-def save_sharded_checkpoint(model, optimizer, state, out_dir, step, keep=2):
+def file_crc32(path):
+    with open(path, "rb") as f:
+        value = 0
+        while chunk := f.read(1 << 26):
+            value = zlib.crc32(chunk, value)
+    return value
+
+
+def save_sharded_checkpoint(model, optimizer, state, out_dir, step):
     """Collective: every process writes its shards of model and optimizer into ckpt_<step>.tmp/
-    (fsynced by DCP), rank 0 adds run_state.pt (the rest of `state`), renames the directory to
-    ckpt_<step>/ and deletes all but the newest `keep` checkpoints. out_dir must be one directory
-    seen by all processes (a shared filesystem on several nodes). A failure on any process removes
-    the temp directory and leaves older checkpoints intact."""
+    (fsynced by DCP) and the checksums of its shard files, rank 0 adds run_state.pt (the rest of
+    `state`, with every shard file's checksum) and renames the directory to ckpt_<step>/. out_dir must
+    be one directory seen by all processes (a shared filesystem on several nodes). A failure on any
+    process removes the temp directory and leaves older checkpoints intact."""
     distributed = dist.is_initialized()
     main = not distributed or dist.get_rank() == 0
     path = checkpoint_path(out_dir, step, sharded=True)
@@ -110,9 +186,17 @@ def save_sharded_checkpoint(model, optimizer, state, out_dir, step, keep=2):
         model_state, optimizer_state = get_state_dict(model, optimizer)  # this process's shards, keyed by name
         with single_process_quietly():
             dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp, no_dist=not distributed)
+        rank = dist.get_rank() if distributed else 0
+        mine = {os.path.basename(p): file_crc32(p) for p in glob.glob(os.path.join(tmp, f"__{rank}_*.distcp"))}
+        everyone = [None] * dist.get_world_size() if distributed else [mine]
+        if distributed:
+            dist.all_gather_object(everyone, mine)
         if main:
+            shard_checksums = {name: crc for sums in everyone for name, crc in sums.items()}
+            for p in glob.glob(os.path.join(tmp, "*.distcp")):  # any file DCP named otherwise
+                shard_checksums.setdefault(os.path.basename(p), file_crc32(p))
             with open(os.path.join(tmp, RUN_STATE), "wb") as f:
-                torch.save(state, f)
+                torch.save({**state, "shard_checksums": shard_checksums}, f)
                 f.flush()
                 os.fsync(f.fileno())
             fsync_dir(tmp)
@@ -124,21 +208,19 @@ def save_sharded_checkpoint(model, optimizer, state, out_dir, step, keep=2):
             else:
                 os.replace(tmp, path)
             fsync_dir(out_dir)
-    except (OSError, CheckpointException) as e:
+    except (OSError, RuntimeError, CheckpointException) as e:
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
         # DCP reports every failed rank, with its traceback: name each rank and its error
         reason = "; ".join(f"rank {rank}: {error[0]}" for rank, error in sorted(e.failures.items())) \
             if isinstance(e, CheckpointException) else str(e)
         raise OSError(f"could not write checkpoint {path} ({reason}); the previous checkpoints are untouched") from e
-    if main:
-        prune_checkpoints(out_dir, keep)
     return path
 
 
-def check_shards(path):
-    """Raise if a sharded checkpoint's metadata is unreadable or one of its shard files is
-    missing or shorter than the metadata says (a truncated write)."""
+def check_shards(path, shard_checksums=None):
+    """Raise if a sharded checkpoint's metadata is unreadable, one of its shard files is missing or
+    shorter than the metadata says (a truncated write), or does not match its checksum."""
     metadata = dcp.FileSystemReader(path).read_metadata()
     sizes = {}
     for info in metadata.storage_data.values():
@@ -147,6 +229,9 @@ def check_shards(path):
         have = os.path.getsize(os.path.join(path, name))  # FileNotFoundError if missing
         if have < size:
             raise ValueError(f"shard {name} holds {have} bytes, the metadata expects at least {size}")
+    for name, crc in (shard_checksums or {}).items():
+        if file_crc32(os.path.join(path, name)) != crc:
+            raise CorruptCheckpoint(f"{path}: shard file {name} does not match its checksum (corrupted on disk)")
 
 
 def load_checkpoint_file(path, map_location="cpu"):
@@ -154,10 +239,14 @@ def load_checkpoint_file(path, map_location="cpu"):
     (all but model and optimizer, which load_training_state reads), after checking its shards."""
     if os.path.isdir(path):
         state = torch.load(os.path.join(path, RUN_STATE), map_location="cpu", weights_only=True)
-        check_shards(path)
+        check_shards(path, state.pop("shard_checksums", None))
         return state
     # memory-mapped on the CPU: the processes of a node share one copy of a large file
-    return torch.load(path, map_location=map_location, weights_only=True, mmap=map_location == "cpu")
+    state = torch.load(path, map_location=map_location, weights_only=True, mmap=map_location == "cpu")
+    expected = state.pop("checksums", None)
+    if expected is not None:
+        verify_checksums(path, state, expected)
+    return state
 
 
 def load_latest_checkpoint(out_dir, map_location="cpu"):
@@ -236,3 +325,110 @@ def load_model(path, device="cpu"):
     else:
         model.load_state_dict(state["model"])
     return model.to(device).eval(), state["config"]
+
+
+# -----------------------------------------------------------------------------
+# A run's whole training state
+
+def rng_state(device_type):
+    """This process's RNG states in plain containers (weights_only-loadable)."""
+    np_state = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": (np_state[0], np_state[1].tolist()) + tuple(np_state[2:]),
+             "torch": torch.get_rng_state()}
+    if device_type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state, device_type):
+    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if device_type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def local_tensor(t):
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this process
+
+
+class NonFiniteState(ValueError):
+    """Model or optimizer state holding NaN or inf: never written as a checkpoint."""
+
+
+class Checkpointer:
+    """Saves and restores a run's whole training state: model, optimizer, the data loader's position,
+    every rank's RNG states, and the run's bookkeeping (config, wandb run id, best val loss,
+    provenance). Every rank calls save() and resume(); a model sharded by FSDP gets a DCP directory,
+    any other a single file written by rank 0. Keeps the newest `keep` readable checkpoints."""
+
+    def __init__(self, out_dir, keep, model, optimizer, loader, runtime, sharded):
+        self.out_dir, self.keep = out_dir, keep
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.runtime, self.sharded = runtime, sharded
+        self.known_good = set()  # checkpoints this run wrote or loaded: the only ones pruning counts
+
+    def gather_rng_states(self):
+        """Every rank's RNG state, in rank order."""
+        state = rng_state(self.runtime.device_type)
+        if not self.runtime.distributed:
+            return [state]
+        states = [None] * self.runtime.world_size
+        dist.all_gather_object(states, state)
+        return states
+
+    def state_is_finite(self):
+        """True on every rank if no parameter or optimizer state of any rank holds NaN or inf."""
+        tensors = [p for p in self.model.parameters()]
+        tensors += [t for s in self.optimizer.state.values() for t in s.values()
+                    if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        flags = [torch.isfinite(local_tensor(t)).all() for t in tensors]
+        bad = (~torch.stack(flags).all()).float().reshape(1) if flags else torch.zeros(1)
+        if self.runtime.distributed:
+            bad = bad.to(self.runtime.device)
+            dist.all_reduce(bad)
+        return bad.item() == 0
+
+    def save(self, step, loader_state, run_info):
+        """Write the checkpoint of `step` (run_info: config, wandb_run_id, best_val_loss, provenance),
+        then prune. Refuses (NonFiniteState) a state that holds NaN or inf; a failed write raises
+        OSError on every rank and leaves the previous checkpoints intact."""
+        if not self.state_is_finite():
+            raise NonFiniteState(f"the model or optimizer state is not finite at step {step}; "
+                                 f"it was not saved, the last checkpoint in {self.out_dir} is intact")
+        state = {"step": step, "loader": loader_state, "rng": self.gather_rng_states(), **run_info}
+        path, error = None, None
+        try:
+            if self.sharded:  # every rank writes its shards
+                path = save_sharded_checkpoint(self.model, self.optimizer, state, self.out_dir, step)
+            elif self.runtime.is_main:
+                state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
+                path = save_checkpoint(state, self.out_dir, step)
+        except OSError as e:
+            error = e
+        failed = torch.tensor([0.0 if error is None else 1.0], device=self.runtime.device)
+        if self.runtime.distributed:
+            dist.all_reduce(failed)
+        if failed.item():
+            raise error or OSError(f"could not write checkpoint of step {step} on another rank")
+        if self.runtime.is_main:
+            self.known_good.add(path)
+            prune_checkpoints(self.out_dir, self.keep, self.known_good)
+        return path
+
+    def resume(self, config):
+        """Load the newest readable checkpoint into the model, optimizer, loader and RNGs. Returns
+        (path, its state without model and optimizer), or (None, None) if out_dir holds none."""
+        path, state = load_latest_checkpoint(self.out_dir)
+        if path is None:
+            return None, None
+        check_architecture(state["config"], config, path)
+        load_training_state(path, state, self.model, self.optimizer)  # either format, any parallelism
+        self.loader.load_state_dict(state["loader"])
+        states = state["rng"]
+        set_rng_state(states[self.runtime.rank % len(states)], self.runtime.device_type)
+        self.known_good.add(path)
+        state.pop("model", None)
+        state.pop("optimizer", None)
+        return path, state

@@ -18,6 +18,8 @@ import sys
 import tokenize
 import types
 
+TRAIN_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")
+
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the entry point's keys."""
@@ -38,6 +40,29 @@ def key_comments(source_path, keys):
             if name in keys:
                 found[name] = comments.get(node.end_lineno, comments.get(node.lineno, ""))
     return found
+
+
+def read_defaults(source_path=TRAIN_PY):
+    """An entry point's config defaults (top-level lowercase `key = <literal>` lines) and key groups
+    (`NAME_KEYS = (...)`), read from its source rather than imported: bench.py, eval/, the sweep
+    scripts and checkpoint.py get train.py's keys without running an entry point (or importing torch).
+    Returns (defaults, groups), e.g. groups["ARCHITECTURE_KEYS"]."""
+    with open(source_path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), source_path)
+    defaults, groups = {}, {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        name = node.targets[0].id
+        try:
+            value = ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError):
+            continue  # not a literal: not a config key
+        if name.endswith("_KEYS") and isinstance(value, tuple):
+            groups[name] = value
+        elif not name.startswith("_") and name.islower() and isinstance(value, (int, float, bool, str, type(None))):
+            defaults[name] = value
+    return defaults, groups
 
 
 def check_type(key, value, default):

@@ -7,17 +7,19 @@ that stream (plus one for the last target), cut into sequences; rank r of a worl
 W takes the r-th contiguous W-th of those sequences. The global batch is therefore the same
 whatever the number of processes, and the loader's whole state is one position in the
 stream: (epoch, shard index within the epoch's order, token offset).
+Token ids are checked against the model's vocabulary: val tokens when they are read, before
+training starts, and each train shard the first time it is opened.
 """
 
 import numpy as np
 import torch
 
-from shards import ShardError, list_shards, read_header, read_shard
+from shards import ShardError, check_token_ids, list_shards, read_header, read_shard
 
 
 class TrainLoader:
 
-    def __init__(self, data_dir, block_size, tokens_per_step, rank=0, world_size=1, data_seed=0):
+    def __init__(self, data_dir, block_size, tokens_per_step, rank=0, world_size=1, data_seed=0, vocab_size=None):
         if tokens_per_step % (block_size * world_size):
             raise ValueError(f"tokens_per_step={tokens_per_step} must be a multiple of "
                              f"block_size * world_size = {block_size} * {world_size}")
@@ -30,6 +32,8 @@ class TrainLoader:
         self.rank, self.world_size, self.data_seed = rank, world_size, data_seed
         self.epoch, self.shard_index, self.offset = 0, 0, 0
         self._order, self._order_epoch = None, None
+        self.vocab_size = vocab_size
+        self._checked = set()  # shards whose token ids have been checked against vocab_size
 
     def shard_order(self, epoch):
         """The order in which shards are read in an epoch; depends only on data_seed and epoch."""
@@ -45,6 +49,9 @@ class TrainLoader:
         while n > 0:
             path = self.paths[self.shard_order(epoch)[shard_index]]
             tokens = read_shard(path)
+            if path not in self._checked:  # a scan of the whole shard, once per process
+                check_token_ids(path, tokens, self.vocab_size)
+                self._checked.add(path)
             take = tokens[offset:offset + n]
             pieces.append(np.asarray(take))
             n -= len(take)
@@ -84,7 +91,7 @@ class TrainLoader:
         self.data_seed = state["data_seed"]
 
 
-def val_sequences(data_dir, block_size, val_tokens):
+def val_sequences(data_dir, block_size, val_tokens, vocab_size=None):
     """The fixed validation set: the first val_tokens tokens of the val shards (capped at what
     they hold) as (x, y) int64 tensors of shape (n_sequences, block_size)."""
     pieces, have = [], 0
@@ -92,6 +99,7 @@ def val_sequences(data_dir, block_size, val_tokens):
         if have > val_tokens:
             break
         piece = np.asarray(read_shard(path)[:val_tokens + 1 - have])  # read only what is scored
+        check_token_ids(path, piece, vocab_size)
         pieces.append(piece)
         have += len(piece)
     tokens = np.concatenate(pieces)

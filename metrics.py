@@ -2,10 +2,14 @@
 Run logging on the main process: stdout copied to <out_dir>/train.log, one JSON object per
 logged step in <out_dir>/metrics.jsonl, and the same metrics to wandb when enabled.
 Plots need only the JSONL files (eval/compare.py), no wandb account.
+And the throughput meter (tokens/s, MFU) that train.py and bench.py share.
 """
 
 import json
 import os
+import time
+
+import torch
 
 
 def read_metrics(path):
@@ -55,12 +59,13 @@ class MetricsLogger:
                                     resume="allow", config=config,
                                     tags=[config.get("attn_type", "")])
 
-    def log(self, record):
-        """Append one step's metrics (a dict with "step") to metrics.jsonl and wandb."""
+    def log(self, record, jsonl=True):
+        """Append one step's metrics (a dict with "step") to metrics.jsonl (unless jsonl=False) and wandb."""
         if not self.enabled:
             return
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        if jsonl:
+            with open(self.metrics_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in record.items() if k != "step" and v is not None},
                                step=record["step"])
@@ -68,3 +73,68 @@ class MetricsLogger:
     def finish(self):
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+def format_duration(seconds):
+    """'3d04h', '2h05m', '4m07s', '12s'; 'n/a' for None."""
+    if seconds is None:
+        return "n/a"
+    s = int(seconds)
+    if s >= 86400:
+        return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class ThroughputMeter:
+    """Tokens per second and MFU over timed spans only: time outside start()..stop() (compilation,
+    evaluation, checkpoints, logging) is not counted. CUDA is synchronised at both ends of a span, so
+    a span holds the device's work, not only the kernel launches.
+    MFU = model FLOPs per token x tokens/s / peak FLOP/s of all the devices together."""
+
+    def __init__(self, flops_per_token, peak_flops, device_type):
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops  # None where unknown (CPU): no MFU
+        self.device_type = device_type
+        self.tokens, self.seconds, self.since = 0, 0.0, None
+
+    @property
+    def running(self):
+        return self.since is not None
+
+    def _sync(self):
+        if self.device_type == "cuda":
+            torch.cuda.synchronize()
+
+    def start(self):
+        self._sync()
+        self.since = time.perf_counter()
+
+    def count(self, tokens):
+        """Tokens processed in the current span."""
+        self.tokens += tokens
+
+    def stop(self):
+        """End the current span (if any); returns its length in seconds."""
+        if self.since is None:
+            return 0.0
+        self._sync()
+        span = time.perf_counter() - self.since
+        self.seconds += span
+        self.since = None
+        return span
+
+    def mfu(self, tokens_per_sec):
+        if not (self.peak_flops and tokens_per_sec):
+            return None
+        return self.flops_per_token * tokens_per_sec / self.peak_flops
+
+    def read(self):
+        """(tokens/s, MFU) over the spans since the last read, then start counting afresh;
+        (None, None) if no tokens were timed."""
+        tokens_per_sec = self.tokens / self.seconds if self.tokens and self.seconds > 0 else None
+        self.tokens, self.seconds = 0, 0.0
+        return tokens_per_sec, self.mfu(tokens_per_sec)

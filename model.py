@@ -220,7 +220,9 @@ class GPT(nn.Module):
         cos, sin = rope_tables(self.config.n_sinks + self.config.block_size, self.config.head_dim,
                                self.config.rope_theta, device=self.lm_head.weight.device)
         self.rope_cos, self.rope_sin = cos, sin
-        for name, p in self.named_parameters():
+        # sinks drawn last, so that n_sinks does not change any other weight's initialisation
+        params = sorted(self.named_parameters(), key=lambda item: item[0] == "sinks")
+        for name, p in params:
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
             elif name.endswith("xsa_alpha") or name.endswith(".bias"):

@@ -60,22 +60,24 @@ def apply_fsdp(model, runtime, dtype, reshard_after_forward=True):
     fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
 
 
-def parallelize(model, c, runtime, dtype):
-    """Apply the run's activation checkpointing, compile and parallelism to `model` (in place where
-    possible). Returns (model to evaluate, model to train): the compiled model and its DDP wrapper,
-    or the sharded model twice under FSDP. Parameters keep their names throughout, and `model`
-    itself stays the module whose state_dict and parameters the optimizer and checkpoints use."""
-    if c["parallelism"] not in PARALLELISMS:
-        raise ValueError(f"parallelism must be one of {PARALLELISMS}, got {c['parallelism']!r}")
-    apply_activation_checkpointing(model, c["activation_checkpointing"])
-    if c["parallelism"] == "fsdp" and runtime.distributed:
-        if c["compile"]:  # per block, so that FSDP's all-gathers stay between the compiled regions
+def parallelize(model, runtime, dtype, parallelism="ddp", compile=False, activation_checkpointing="none",
+                reshard_after_forward=True):
+    """Apply activation checkpointing, compile and the parallelism to `model` (in place where possible).
+    Returns (model to evaluate, model to train): the compiled model and its DDP wrapper, or the sharded
+    model twice under FSDP. Parameters keep their names throughout, and `model` itself stays the module
+    whose state_dict and parameters the optimizer and checkpoints use. With one process there is
+    nothing to replicate or shard: parallelism only matters under torchrun."""
+    if parallelism not in PARALLELISMS:
+        raise ValueError(f"parallelism must be one of {PARALLELISMS}, got {parallelism!r}")
+    apply_activation_checkpointing(model, activation_checkpointing)
+    if parallelism == "fsdp" and runtime.distributed:
+        if compile:  # per block, so that FSDP's all-gathers stay between the compiled regions
             for block in model.transformer.h:
                 block.compile()
-        apply_fsdp(model, runtime, dtype, c["reshard_after_forward"])
+        apply_fsdp(model, runtime, dtype, reshard_after_forward)
         return model, model
-    compiled = torch.compile(model) if c["compile"] else model
-    if not runtime.distributed:  # one process: nothing to replicate or shard
+    compiled = torch.compile(model) if compile else model
+    if not runtime.distributed:
         return compiled, compiled
     return compiled, DDP(compiled, device_ids=[runtime.local_rank] if runtime.device_type == "cuda" else None)
 

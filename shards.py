@@ -99,6 +99,18 @@ def read_shard(path):
     return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(ntok,))
 
 
+def check_token_ids(path, tokens, vocab_size, offset=0):
+    """Raise if a shard's tokens (tokens[i] is token offset + i of the file) hold an id the model
+    has no embedding for: a shard of another tokenizer, or a corrupt one."""
+    if vocab_size is None or not len(tokens):
+        return
+    top = int(tokens.max())
+    if top >= vocab_size:
+        position = offset + int(np.argmax(np.asarray(tokens) >= vocab_size))
+        raise ShardError(f"{path}: token id {top} at token {position} is out of range for vocab_size {vocab_size} "
+                         f"(a shard of another tokenizer, or corrupt)")
+
+
 def list_shards(data_dir, split):
     """Sorted shard paths of a split ("train" or "val") in data_dir; an error if there are none."""
     if not os.path.isdir(data_dir):

@@ -14,12 +14,11 @@ Continue an interrupted (or finished, with a larger max_iters) run:
 import json
 import math
 import os
-import random
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -33,6 +32,7 @@ init_from = "scratch"  # "scratch", or "resume" from the newest checkpoint in ou
 eval_interval = 1000  # optimizer steps between validation-loss evaluations (and at the last step)
 val_tokens = 10_485_760  # validation tokens per evaluation, capped at the val shards, split across ranks
 log_interval = 10  # optimizer steps between log lines and metrics.jsonl records
+sample_interval = 0  # optimizer steps between text samples printed to the log; 0: never
 checkpoint_interval = 1000  # optimizer steps between checkpoints (and at the last step); 0: last only
 keep_checkpoints = 2  # newest checkpoints kept in out_dir
 skip_nonfinite_steps = 0  # optimizer steps with a non-finite loss/grad norm to skip before stopping
@@ -79,18 +79,29 @@ activation_checkpointing = "none"  # "none", "block" (recompute every block in t
 seed = 1337  # initialisation and dropout seed
 data_seed = None  # shard order seed; None means seed (SA and XSA with one seed see the same batches)
 # -----------------------------------------------------------------------------
-config_keys = [k for k, v in globals().items()
-               if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))]
+# key groups, read with the defaults above by configurator.read_defaults (train.py, checkpoint.py, eval/compare.py)
+# the parameters and what they compute: a checkpoint resumes only into a run with the same values
+ARCHITECTURE_KEYS = ("n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "attn_type", "xsa_gate", "n_sinks",
+                     "rope_theta", "bias")
+# the attention variant, which a comparison sets against the SA baseline within one setting
+VARIANT_KEYS = ("attn_type", "xsa_gate")
+# runs of two variants with the same values here form a pair: same initialisation, same batches
+PAIRING_KEYS = ("seed", "data_seed")
+# where and how a run is named, logged, launched or parallelised: never what it trains
+BOOKKEEPING_KEYS = ("out_dir", "init_from", "eval_interval", "log_interval", "sample_interval", "checkpoint_interval",
+                    "keep_checkpoints", "skip_nonfinite_steps", "wandb_log", "wandb_project", "wandb_group",
+                    "wandb_run_name", "device", "compile", "backend", "parallelism", "reshard_after_forward",
+                    "activation_checkpointing")
 
-from checkpoint import (check_architecture, list_checkpoints, load_latest_checkpoint,  # noqa: E402
-                        load_training_state, model_config, save_checkpoint, save_sharded_checkpoint)
-from configurator import load_config  # noqa: E402
+from checkpoint import Checkpointer, NonFiniteState, list_checkpoints, model_config, remove_temp_files  # noqa: E402
+from configurator import ConfigError, load_config, read_defaults  # noqa: E402
 from dataloader import TrainLoader, val_sequences  # noqa: E402
-from metrics import MetricsLogger  # noqa: E402
+from metrics import MetricsLogger, ThroughputMeter, format_duration  # noqa: E402
 from model import GPT  # noqa: E402
-from parallelize import clip_grad_norm, gradient_sync, is_sharded, parallelize  # noqa: E402
+from parallelize import ACTIVATION_CHECKPOINTING, PARALLELISMS, clip_grad_norm, gradient_sync, is_sharded, parallelize  # noqa: E402
 from runtime import (autocast, enable_tf32, peak_flops, peak_memory_gb, provenance,  # noqa: E402
                      resolve_dtype, setup_runtime, teardown_runtime)
+from shards import write_atomically  # noqa: E402
 
 
 class TrainingStopped(RuntimeError):
@@ -106,6 +117,36 @@ def derive_names(config, config_files):
         config["wandb_group"] = name.split("_", 1)[1] if name.startswith(("sa_", "xsa_")) else name
 
 
+def check_config(c):
+    """Ranges and choices, checked before anything runs or is written (a ConfigError exits with 2)."""
+    positive = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "total_batch_size", "batch_size",
+                "max_iters", "eval_interval", "log_interval", "val_tokens", "keep_checkpoints", "learning_rate",
+                "rope_theta")
+    non_negative = ("n_sinks", "warmup_iters", "checkpoint_interval", "sample_interval", "skip_nonfinite_steps",
+                    "seed", "data_seed", "weight_decay", "grad_clip", "min_lr", "lr_decay_iters")
+    for key in positive:
+        if c[key] is not None and c[key] <= 0:
+            raise ConfigError(f"{key} must be positive, got {c[key]!r}")
+    for key in non_negative:
+        if c[key] is not None and c[key] < 0:
+            raise ConfigError(f"{key} must not be negative, got {c[key]!r}")
+    for key in ("beta1", "beta2", "dropout"):
+        if not 0 <= c[key] < 1:
+            raise ConfigError(f"{key} must be in [0, 1), got {c[key]!r}")
+    choices = {"init_from": ("scratch", "resume"), "parallelism": PARALLELISMS,
+               "activation_checkpointing": ACTIVATION_CHECKPOINTING,
+               "dtype": ("auto", "float32", "bfloat16", "float16"), "backend": ("auto", "nccl", "gloo")}
+    for key, allowed in choices.items():
+        if c[key] not in allowed:
+            raise ConfigError(f"{key} must be one of {', '.join(map(repr, allowed))}; got {c[key]!r}")
+    if os.path.exists(c["out_dir"]) and not os.path.isdir(c["out_dir"]):
+        raise ConfigError(f"out_dir {c['out_dir']!r} is a file, not a directory")
+    try:
+        model_config(c)  # the model's own checks (head sizes, attention type, ...)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
 def lr_at(step, c):
     """Linear warmup to the peak, then cosine decay to min_lr at lr_decay_iters; step counts from 1."""
     if step <= c["warmup_iters"]:
@@ -117,33 +158,12 @@ def lr_at(step, c):
     return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c["learning_rate"] - c["min_lr"])
 
 
-def rng_state(device_type):
-    """This process's RNG states in plain containers (weights_only-loadable)."""
-    np_state = np.random.get_state()
-    state = {"python": random.getstate(), "numpy": (np_state[0], np_state[1].tolist()) + tuple(np_state[2:]),
-             "torch": torch.get_rng_state()}
-    if device_type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state, device_type):
-    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if device_type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def gather_rng_states(runtime):
-    """Every rank's RNG state, in rank order (on every rank)."""
-    state = rng_state(runtime.device_type)
-    if not runtime.distributed:
-        return [state]
-    states = [None] * runtime.world_size
-    dist.all_gather_object(states, state)
-    return states
+def apply_hyperparameters(optimizer, c):
+    """The config given now decides the optimizer's hyperparameters, also on resume (the learning rate is
+    set every step). A group decays if it holds matrices, whatever weight decay the checkpoint had."""
+    for group in optimizer.param_groups:
+        group["betas"] = (c["beta1"], c["beta2"])
+        group["weight_decay"] = c["weight_decay"] if all(p.dim() >= 2 for p in group["params"]) else 0.0
 
 
 @torch.no_grad()
@@ -170,214 +190,271 @@ def evaluate(model, val_x, val_y, runtime, batch_size, dtype):
     return (totals[0] / totals[1]).item()
 
 
-def all_ranks_ok(ok, runtime):
-    """True only if `ok` holds on every rank: lets all ranks stop together instead of hanging."""
-    if not runtime.distributed:
-        return ok
-    flag = torch.tensor([0.0 if ok else 1.0], device=runtime.device)
-    dist.all_reduce(flag)
-    return flag.item() == 0
+@torch.no_grad()
+def sample_text(model, runtime, dtype, seed, max_new_tokens=64):
+    """A continuation of the end-of-text token, drawn with its own seed: the training RNG is untouched.
+    Every rank samples (FSDP's forward is collective); the text is only printed by rank 0."""
+    import tiktoken
+    enc = tiktoken.get_encoding("gpt2")
+    model.eval()
+    with torch.random.fork_rng(devices=[runtime.device] if runtime.device_type == "cuda" else []):
+        torch.manual_seed(seed)
+        prompt = torch.tensor([[enc.eot_token]], device=runtime.device)
+        with autocast(runtime.device_type, dtype):
+            ids = model.generate(prompt, max_new_tokens, temperature=0.8, top_k=200)[0, 1:].tolist()
+    model.train()
+    return enc.decode([i for i in ids if i < enc.n_vocab])  # the padded ids past GPT-2's vocabulary have no text
 
 
-def train(c, runtime, log):
-    """The training run described by the resolved config c."""
+@dataclass
+class Training:
+    """What a run trains with, once set up."""
+    raw_model: GPT  # the module whose parameters the optimizer and the checkpoints hold
+    model: torch.nn.Module  # raw_model compiled, for evaluation (raw_model itself under FSDP)
+    train_model: torch.nn.Module  # what the training step calls: DDP-wrapped, or the sharded model
+    optimizer: torch.optim.Optimizer
+    loader: TrainLoader
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    checkpointer: Checkpointer
+    dtype: str
+    grad_accum: int  # micro-steps per optimizer step on each process
+
+
+def setup(c, runtime):
+    """Data, model, parallelism, optimizer and checkpointer for the run described by c."""
     dtype = resolve_dtype(c["dtype"], runtime.device_type)
     if runtime.device_type == "cuda":
         enable_tf32()
     tokens_per_micro_step = c["batch_size"] * c["block_size"] * runtime.world_size
     if c["total_batch_size"] % tokens_per_micro_step:
-        raise ValueError(f"total_batch_size={c['total_batch_size']} is not a multiple of batch_size * block_size * "
-                         f"world_size = {c['batch_size']} * {c['block_size']} * {runtime.world_size}")
-    grad_accum = c["total_batch_size"] // tokens_per_micro_step
-
+        raise ConfigError(f"total_batch_size={c['total_batch_size']} is not a multiple of batch_size * block_size * "
+                          f"world_size = {c['batch_size']} * {c['block_size']} * {runtime.world_size}")
     loader = TrainLoader(c["data_dir"], c["block_size"], c["total_batch_size"], runtime.rank,
-                         runtime.world_size, c["data_seed"])
-    val_x, val_y = val_sequences(c["data_dir"], c["block_size"], c["val_tokens"])
+                         runtime.world_size, c["data_seed"], c["vocab_size"])
+    val_x, val_y = val_sequences(c["data_dir"], c["block_size"], c["val_tokens"], c["vocab_size"])
 
     torch.manual_seed(c["seed"])  # same initialisation on every rank
     raw_model = GPT(model_config(c)).to(runtime.device)
-    # model: compiled, for evaluation; train_model: what the step calls (DDP-wrapped); under FSDP both
-    # are raw_model itself, sharded in place. The optimizer comes after: FSDP replaces the parameters
-    model, train_model = parallelize(raw_model, c, runtime, dtype)
-    sharded = is_sharded(raw_model)  # checkpoints: a DCP directory of shards, else one file
+    # the optimizer comes after parallelize: FSDP replaces the parameters with sharded ones
+    model, train_model = parallelize(raw_model, runtime, dtype, parallelism=c["parallelism"], compile=c["compile"],
+                                     activation_checkpointing=c["activation_checkpointing"],
+                                     reshard_after_forward=c["reshard_after_forward"])
     optimizer = raw_model.configure_optimizers(c["weight_decay"], c["learning_rate"],
                                                (c["beta1"], c["beta2"]), runtime.device_type)
+    checkpointer = Checkpointer(c["out_dir"], c["keep_checkpoints"], raw_model, optimizer, loader, runtime,
+                                sharded=is_sharded(raw_model))
+    return Training(raw_model, model, train_model, optimizer, loader, val_x, val_y, checkpointer, dtype,
+                    c["total_batch_size"] // tokens_per_micro_step)
 
-    start_step, best_val_loss, wandb_run_id = 0, float("inf"), uuid.uuid4().hex[:12]
-    if c["init_from"] not in ("scratch", "resume"):
-        raise ValueError(f"init_from must be 'scratch' or 'resume', got {c['init_from']!r}")
-    if c["init_from"] == "scratch" and list_checkpoints(c["out_dir"]):
-        # not deleted (nothing is lost), but a later resume must not mix them up with this run's
-        log.print(f"warning: starting from scratch in {c['out_dir']}, which holds checkpoints of an earlier run: "
-                  f"this run replaces them as it saves; use another out_dir to keep both")
-    if c["init_from"] == "resume" and not list_checkpoints(c["out_dir"]):
+
+def resume(c, run, runtime, log):
+    """Continue from the newest readable checkpoint when c asks to; returns the run state it holds
+    (step, best_val_loss, wandb_run_id, elapsed_s), or that of a new run."""
+    fresh = {"step": 0, "best_val_loss": float("inf"), "wandb_run_id": uuid.uuid4().hex[:12], "elapsed_s": 0.0}
+    if c["init_from"] == "scratch":
+        if list_checkpoints(c["out_dir"]):
+            # not deleted (nothing is lost), but a later resume must not mix them up with this run's
+            log.print(f"warning: starting from scratch in {c['out_dir']}, which holds checkpoints of an earlier "
+                      f"run: this run replaces them as it saves; use another out_dir to keep both")
+        return fresh
+    if not list_checkpoints(c["out_dir"]):
         # nothing saved yet (a crash before the first checkpoint): resuming means starting over
         log.print(f"init_from='resume': no checkpoint in {c['out_dir']} yet, starting from scratch")
-    elif c["init_from"] == "resume":
-        path, ckpt = load_latest_checkpoint(c["out_dir"])
-        if path is None:
-            raise FileNotFoundError(f"init_from='resume' but no checkpoint in {c['out_dir']} is readable")
-        check_architecture(ckpt["config"], c, path)
-        load_training_state(path, ckpt, raw_model, optimizer)  # either format, any parallelism and world size
-        for group in optimizer.param_groups:  # hyperparameters come from the config given now
-            group["betas"] = (c["beta1"], c["beta2"])
-            group["weight_decay"] = c["weight_decay"] if group["weight_decay"] > 0 else 0.0
-        loader.load_state_dict(ckpt["loader"])
-        start_step, best_val_loss = ckpt["step"], ckpt["best_val_loss"]
-        wandb_run_id = ckpt["wandb_run_id"]
-        states = ckpt["rng"]
-        if len(states) != runtime.world_size:
-            log.print(f"note: checkpoint has RNG states of {len(states)} ranks, resuming on {runtime.world_size}")
-        set_rng_state(states[runtime.rank % len(states)], runtime.device_type)
-        log.print(f"resuming from {path} at step {start_step}")
+        return fresh
+    path, state = run.checkpointer.resume(c)
+    if path is None:
+        raise FileNotFoundError(f"init_from='resume' but no checkpoint in {c['out_dir']} is readable")
+    apply_hyperparameters(run.optimizer, c)
+    if len(state["rng"]) != runtime.world_size:
+        log.print(f"note: checkpoint has RNG states of {len(state['rng'])} ranks, resuming on {runtime.world_size}")
+    saved = state["config"]
+    step = state["step"]
+    if step > c["warmup_iters"] and step < c["max_iters"] and lr_at(step, saved) != lr_at(step, c):
+        log.print(f"warning: the learning-rate schedule differs from the checkpoint's (max_iters {saved['max_iters']} "
+                  f"-> {c['max_iters']}, lr_decay_iters {saved['lr_decay_iters']} -> {c['lr_decay_iters']}): at step "
+                  f"{step} the learning rate jumps from {lr_at(step, saved):.3e} to {lr_at(step, c):.3e}. To extend a "
+                  f"run on its old schedule, pass --lr_decay_iters={saved['lr_decay_iters'] or saved['max_iters']}")
+    log.print(f"resuming from {path} at step {step}")
+    return {**fresh, **{k: state[k] for k in fresh if k in state}}
 
-    run_provenance = provenance(runtime)  # git and device queries: once per run, not per checkpoint
-    # nothing is written before the config, data and checkpoint have been checked
-    if runtime.is_main:
-        os.makedirs(c["out_dir"], exist_ok=True)
-        run_info = {"config": c, "provenance": run_provenance}
-        with open(os.path.join(c["out_dir"], "config.json"), "w") as f:
-            json.dump(run_info, f, indent=2)
-    log.keep_steps_up_to(start_step)
-    log.print(f"provenance: {json.dumps(run_provenance)}")
-    log.print(f"config: {json.dumps(c)}")
-    log.print(f"model: {raw_model.num_params() / 1e6:.2f}M non-embedding parameters, attn_type={c['attn_type']}; "
-              f"{c['total_batch_size']:,} tokens per step = {runtime.world_size} processes x {grad_accum} "
-              f"micro-steps x {c['batch_size']} x {c['block_size']}; dtype {dtype}")
-    strategy = "fsdp" if sharded else "ddp" if runtime.distributed else "none: one process, nothing to shard"
-    log.print(f"parallelism {strategy}; activation checkpointing {c['activation_checkpointing']}")
-    if c["wandb_log"]:
-        log.start_wandb(c["wandb_project"], c["wandb_group"], c["wandb_run_name"], wandb_run_id, c)
-    if start_step >= c["max_iters"]:
-        log.print(f"run already finished: checkpoint step {start_step} >= max_iters {c['max_iters']}")
-        return
 
-    flops_per_token = raw_model.flops_per_token(c["block_size"])
+def train_loop(c, run, runtime, log, run_state, run_provenance):
+    """Optimizer steps from the one after run_state["step"] to max_iters, with evaluation, logging,
+    samples and checkpoints at their intervals."""
+    start_step, best_val_loss = run_state["step"], run_state["best_val_loss"]
+    flops_per_token = run.raw_model.flops_per_token(c["block_size"])
     device_peak = peak_flops(runtime.device)
+    meter = ThroughputMeter(flops_per_token, device_peak * runtime.world_size if device_peak else None,
+                            runtime.device_type)
+    started = time.perf_counter()  # elapsed time adds up over resumed runs; ETA uses this process's pace
     pin = runtime.device_type == "cuda"
 
+    def elapsed():
+        return run_state["elapsed_s"] + time.perf_counter() - started
+
     def fetch_batch():
-        x, y = loader.next_batch()
+        x, y = run.loader.next_batch()
         return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
 
-    def write_checkpoint(step, data_state):
-        """Every rank calls it; returns the path written (None on ranks that write nothing)."""
-        state = {"step": step, "loader": data_state, "rng": gather_rng_states(runtime), "config": c,
-                 "wandb_run_id": wandb_run_id, "best_val_loss": best_val_loss, "provenance": run_provenance}
-        if sharded:  # every rank writes its shards
-            return save_sharded_checkpoint(raw_model, optimizer, state, c["out_dir"], step, c["keep_checkpoints"])
-        if runtime.is_main:
-            state.update(model=raw_model.state_dict(), optimizer=optimizer.state_dict())
-            return save_checkpoint(state, c["out_dir"], step, c["keep_checkpoints"])
-        return None
+    if c["compile"]:
+        log.print("compiling the model: the first evaluation and the first step take longer")
+    if start_step == 0:  # the loss of the initialisation, the first point of every validation curve
+        val_loss = evaluate(run.model, run.val_x, run.val_y, runtime, c["batch_size"], run.dtype)
+        # to the log and wandb; metrics.jsonl holds optimizer steps only, from step 1
+        log.log({"step": 0, "val_loss": val_loss, "tokens": 0}, jsonl=False)
+        log.print(f"step 0/{c['max_iters']} | val loss {val_loss:.4f}")
 
     batch = fetch_batch()
     skipped_steps = 0
-    timed_tokens, timed_since = 0, None  # throughput excludes the first step (compile), eval and checkpoints
+    first_timed_step, first_timed_at = None, None  # the ETA leaves out the first step (compilation)
     for step in range(start_step + 1, c["max_iters"] + 1):
         last_step = step == c["max_iters"]
         lr = lr_at(step, c)
-        for group in optimizer.param_groups:
+        for group in run.optimizer.param_groups:
             group["lr"] = lr
 
         x, y = batch
         loss_sum = torch.zeros((), device=runtime.device)
-        for micro in range(grad_accum):
+        for micro in range(run.grad_accum):
             rows = slice(micro * c["batch_size"], (micro + 1) * c["batch_size"])
             xb = x[rows].to(runtime.device, non_blocking=True)
             yb = y[rows].to(runtime.device, non_blocking=True)
             # gradients are reduced across processes only on the last micro-step
-            with gradient_sync(train_model, micro == grad_accum - 1):
-                with autocast(runtime.device_type, dtype):
-                    loss = train_model(xb, yb)[1]  # the logits are not kept through the backward
-                (loss / grad_accum).backward()
+            with gradient_sync(run.train_model, micro == run.grad_accum - 1):
+                with autocast(runtime.device_type, run.dtype):
+                    loss = run.train_model(xb, yb)[1]  # the logits are not kept through the backward
+                (loss / run.grad_accum).backward()
             loss_sum += loss.detach()
-        data_state = loader.state_dict()  # the position after this step's batch
+        data_state = run.loader.state_dict()  # the position after this step's batch
         if not last_step:
             batch = fetch_batch()  # read while the device works through the queued kernels
-        grad_norm = clip_grad_norm(raw_model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf"))
-        train_loss = loss_sum / grad_accum
+        grad_norm = clip_grad_norm(run.raw_model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf"))
+        train_loss = loss_sum / run.grad_accum
 
         eval_step = step % c["eval_interval"] == 0 or last_step
         checkpoint_step = (c["checkpoint_interval"] > 0 and step % c["checkpoint_interval"] == 0) or last_step
         log_step = step % c["log_interval"] == 0 or eval_step or last_step
-        # a host sync only where the answer is needed: skipping steps, or before anything is logged or saved
-        if c["skip_nonfinite_steps"] or log_step or checkpoint_step:
-            # grad_norm is the same on every rank after the all-reduce, so all ranks decide alike
-            if not (math.isfinite(grad_norm.item()) and math.isfinite(train_loss.item())):
-                skipped_steps += 1
-                if skipped_steps > c["skip_nonfinite_steps"]:
-                    raise TrainingStopped(
-                        f"non-finite loss or gradient norm at step {step} (loss {train_loss.item()}, grad norm "
-                        f"{grad_norm.item()}); stopping without writing a checkpoint of this state. The last "
-                        f"checkpoint in {c['out_dir']} is intact; lower learning_rate or raise warmup_iters")
-                log.print(f"step {step}: non-finite loss or gradient, step skipped "
-                          f"({skipped_steps}/{c['skip_nonfinite_steps']})")
-                optimizer.zero_grad(set_to_none=True)
-                continue
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-        if timed_since is None:
-            if runtime.device_type == "cuda":
-                torch.cuda.synchronize()
-            timed_since = time.perf_counter()
+        sample_step = c["sample_interval"] > 0 and (step % c["sample_interval"] == 0 or last_step)
+        # checked before every update (one small all-reduce and host sync per step): a non-finite loss or
+        # gradient never reaches the weights. After the reductions every rank sees the same numbers, so
+        # all ranks decide alike
+        if runtime.distributed:
+            dist.all_reduce(train_loss, op=dist.ReduceOp.AVG)
+        if math.isfinite(grad_norm.item()) and math.isfinite(train_loss.item()):
+            run.optimizer.step()
         else:
-            timed_tokens += c["total_batch_size"]
+            skipped_steps += 1
+            if skipped_steps > c["skip_nonfinite_steps"]:
+                raise TrainingStopped(
+                    f"non-finite loss or gradient norm at step {step} (loss {train_loss.item()}, grad norm "
+                    f"{grad_norm.item()}); stopping without writing a checkpoint of this state. The last "
+                    f"checkpoint in {c['out_dir']} is intact; lower learning_rate or raise warmup_iters")
+            log.print(f"step {step}: non-finite loss or gradient, step skipped "
+                      f"({skipped_steps}/{c['skip_nonfinite_steps']})")
+        run.optimizer.zero_grad(set_to_none=True)
 
+        if meter.running:
+            meter.count(c["total_batch_size"])
+        if log_step or checkpoint_step or sample_step:
+            meter.stop()  # evaluation, logging, samples and checkpoints are not throughput
         if log_step:
-            if runtime.distributed:
-                dist.all_reduce(train_loss, op=dist.ReduceOp.AVG)
-            if runtime.device_type == "cuda":
-                torch.cuda.synchronize()
-            elapsed = time.perf_counter() - timed_since
-            tokens_per_sec = timed_tokens / elapsed if timed_tokens else None
-            mfu = (flops_per_token * tokens_per_sec / (device_peak * runtime.world_size)
-                   if tokens_per_sec and device_peak else None)
+            tokens_per_sec, mfu = meter.read()
+            now = time.perf_counter()
+            eta = ((now - first_timed_at) / (step - first_timed_step) * (c["max_iters"] - step)
+                   if first_timed_step is not None and step > first_timed_step else None)
             record = {"step": step, "train_loss": train_loss.item(), "lr": lr, "grad_norm": grad_norm.item(),
-                      "tokens_per_sec": tokens_per_sec, "mfu": mfu,
-                      "peak_mem_gb": peak_memory_gb(runtime.device_type)}
+                      "tokens_per_sec": tokens_per_sec, "mfu": mfu, "peak_mem_gb": peak_memory_gb(runtime.device_type),
+                      "tokens": step * c["total_batch_size"], "elapsed_s": elapsed(), "time": time.time()}
             if eval_step:
-                record["val_loss"] = evaluate(model, val_x, val_y, runtime, c["batch_size"], dtype)
+                record["val_loss"] = evaluate(run.model, run.val_x, run.val_y, runtime, c["batch_size"], run.dtype)
                 best_val_loss = min(best_val_loss, record["val_loss"])
             log.log(record)
             log.print(f"step {step}/{c['max_iters']} | loss {record['train_loss']:.4f} | lr {lr:.3e} | "
                       f"grad norm {record['grad_norm']:.3f} | "
                       f"{'n/a' if tokens_per_sec is None else f'{tokens_per_sec:,.0f}'} tok/s | "
                       f"mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} | "
-                      f"peak mem {record['peak_mem_gb']:.2f} GB"
+                      f"peak mem {record['peak_mem_gb']:.2f} GB | tokens {record['tokens'] / 1e6:,.1f}M | "
+                      f"elapsed {format_duration(record['elapsed_s'])} | eta {format_duration(eta)}"
                       + (f" | val loss {record['val_loss']:.4f}" if eval_step else ""))
+        if sample_step:
+            text = sample_text(run.raw_model, runtime, run.dtype, seed=c["seed"] + step)
+            log.print(f"step {step} sample: {text!r}")
         if checkpoint_step:
-            error = None
+            run_info = {"config": c, "wandb_run_id": run_state["wandb_run_id"], "best_val_loss": best_val_loss,
+                        "elapsed_s": elapsed(), "provenance": run_provenance}
             try:
-                path = write_checkpoint(step, data_state)
-                log.print(f"saved checkpoint {path}")
+                path = run.checkpointer.save(step, data_state, run_info)
+            except NonFiniteState as e:
+                raise TrainingStopped(f"{e}; lower learning_rate or raise warmup_iters") from e
             except OSError as e:
-                error = e
-            if not all_ranks_ok(error is None, runtime):
-                raise TrainingStopped(f"checkpoint write failed at step {step}: {error or 'on another rank'}")
-        if log_step or checkpoint_step:  # time spent on eval, logging and checkpoints is not throughput
-            if runtime.device_type == "cuda":
-                torch.cuda.synchronize()
-            timed_tokens, timed_since = 0, time.perf_counter()
-    log.print(f"finished {c['max_iters']} steps; best val loss {best_val_loss:.4f}")
+                raise TrainingStopped(f"checkpoint write failed at step {step}: {e}") from e
+            log.print(f"saved checkpoint {path}")
+        if first_timed_step is None:
+            first_timed_step, first_timed_at = step, time.perf_counter()
+        if not meter.running:
+            meter.start()
+    log.print(f"finished {c['max_iters']} steps in {format_duration(elapsed())}; best val loss {best_val_loss:.4f}")
+
+
+def train(c, runtime, log):
+    """The training run described by the resolved config c: setup, resume, loop."""
+    run = setup(c, runtime)
+    if runtime.is_main and os.path.isdir(c["out_dir"]):
+        remove_temp_files(c["out_dir"])  # left by a process killed mid-write
+    if runtime.distributed:
+        dist.barrier()
+    run_state = resume(c, run, runtime, log)
+    run_provenance = provenance(runtime)  # git and device queries: once per run, not per checkpoint
+    # nothing is written before the config, data and checkpoint have been checked
+    if runtime.is_main:
+        os.makedirs(c["out_dir"], exist_ok=True)
+        info = json.dumps({"config": c, "provenance": run_provenance}, indent=2)
+        write_atomically(os.path.join(c["out_dir"], "config.json"), lambda f: f.write(info.encode()))
+    log.keep_steps_up_to(run_state["step"])
+    log.print(f"provenance: {json.dumps(run_provenance)}")
+    log.print(f"config: {json.dumps(c)}")
+    log.print(f"model: {run.raw_model.num_params() / 1e6:.2f}M non-embedding parameters, attn_type={c['attn_type']}; "
+              f"{c['total_batch_size']:,} tokens per step = {runtime.world_size} processes x {run.grad_accum} "
+              f"micro-steps x {c['batch_size']} x {c['block_size']}; dtype {run.dtype}")
+    strategy = ("fsdp" if run.checkpointer.sharded else "ddp" if runtime.distributed
+                else "none: one process, nothing to shard")
+    log.print(f"parallelism {strategy}; activation checkpointing {c['activation_checkpointing']}")
+    if c["wandb_log"]:
+        log.start_wandb(c["wandb_project"], c["wandb_group"], c["wandb_run_name"], run_state["wandb_run_id"], c)
+    if run_state["step"] >= c["max_iters"]:
+        log.print(f"run already finished: checkpoint step {run_state['step']} >= max_iters {c['max_iters']}")
+        return
+    train_loop(c, run, runtime, log, run_state, run_provenance)
+
+
+# exit statuses for scripts/train_forever.sh: 2 and 3 are stops that relaunching cannot fix
+EXIT_CONFIG_ERROR = 2  # a bad config: nothing was started
+EXIT_STOPPED = 3  # bad data, an unusable checkpoint, a diverged run, a full disk
 
 
 def main():
-    defaults = {k: globals()[k] for k in config_keys}
+    defaults, _ = read_defaults(__file__)  # the lowercase literals above
     c, config_files = load_config(defaults, source_path=__file__)
     derive_names(c, config_files)
     c["data_seed"] = c["seed"] if c["data_seed"] is None else c["data_seed"]
     c["min_lr"] = c["learning_rate"] / 10 if c["min_lr"] is None else c["min_lr"]
+    try:
+        check_config(c)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG_ERROR)
     runtime = setup_runtime(c["device"], c["backend"])
     log = MetricsLogger(c["out_dir"], enabled=runtime.is_main)
     status = 0
     try:
         train(c, runtime, log)
-    except (TrainingStopped, ValueError, FileNotFoundError) as e:
-        # a stop that relaunching cannot fix: status 3 tells scripts/train_forever.sh not to retry
+    except ConfigError as e:  # found only once the world size is known
+        print(f"[rank {runtime.rank}] config error: {e}", file=sys.stderr, flush=True)
+        status = EXIT_CONFIG_ERROR
+    except (TrainingStopped, ValueError, FileNotFoundError, PermissionError, NotADirectoryError) as e:
         print(f"[rank {runtime.rank}] error: {e}", file=sys.stderr, flush=True)
-        status = 3
+        status = EXIT_STOPPED
     finally:
         log.finish()
         if status == 0:

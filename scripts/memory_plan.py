@@ -199,11 +199,10 @@ def measure_peak(c):
 
 
 def main():
-    import train
-    from configurator import key_comments, parse_config
-    defaults = {k: getattr(train, k) for k in train.config_keys}
+    from configurator import TRAIN_PY, key_comments, parse_config, read_defaults
+    defaults, _ = read_defaults()
+    comments = {**key_comments(TRAIN_PY, defaults), **key_comments(__file__, PLANNER_KEYS)}
     defaults.update({k: globals()[k] for k in PLANNER_KEYS})
-    comments = {**key_comments(train.__file__, train.config_keys), **key_comments(__file__, PLANNER_KEYS)}
     os.chdir(REPO)  # config files exec their SA file by a path relative to the repo root
     try:
         c, files = parse_config(defaults, sys.argv[1:], comments, prog="scripts/memory_plan.py")

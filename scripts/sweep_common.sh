@@ -136,24 +136,15 @@ newest_checkpoint_step() {
 
 # resolve_config "KEY ..." CONFIG_FILE [--key=value ...]: the values (one line, space-separated)
 # of these keys in the config train.py would run with. configurator.parse_config applies the files
-# and overrides as train.py does, to train.py's defaults: its top-level `key = <literal>` lines
-# before `config_keys`, read rather than imported (importing train.py imports torch: seconds per
-# run). A key this misses fails loudly (unknown key, or KeyError), never with a wrong value.
+# and overrides as train.py does, to train.py's defaults, read rather than imported
+# (configurator.read_defaults; importing train.py imports torch: seconds per run). A key this
+# misses fails loudly (unknown key, or KeyError), never with a wrong value.
 resolve_config() {
     "$PYTHON" - "$@" <<'PY'
-import ast
 import sys
-from configurator import ConfigError, parse_config
+from configurator import ConfigError, parse_config, read_defaults
 keys, argv = sys.argv[1].split(), sys.argv[2:]
-defaults = {}
-for node in ast.parse(open("train.py", encoding="utf-8").read()).body:
-    if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-        if node.targets[0].id == "config_keys":
-            break
-        try:
-            defaults[node.targets[0].id] = ast.literal_eval(node.value)
-        except (ValueError, TypeError, SyntaxError):
-            pass
+defaults, _ = read_defaults()
 try:
     config, _ = parse_config(defaults, argv)
 except ConfigError as e:

@@ -219,10 +219,9 @@ def test_memory_plan_for_the_paper_configs(monkeypatch):
     """Sharding and recomputation lower the planned memory per GPU of the 2.7B model on 8 GPUs."""
     sys.path.insert(0, os.path.join(REPO, "scripts"))
     import memory_plan
-    import train
-    from configurator import parse_config
+    from configurator import parse_config, read_defaults
     monkeypatch.chdir(REPO)
-    c, _ = parse_config({k: getattr(train, k) for k in train.config_keys}, ["config/xsa_2p7b.py"])
+    c, _ = parse_config(read_defaults()[0], ["config/xsa_2p7b.py"])
     total = {}
     for parallelism in ("ddp", "fsdp"):
         for mode in ("none", "block"):

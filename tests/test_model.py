@@ -141,11 +141,10 @@ def test_causality(attn_type, n_sinks):
 @pytest.mark.parametrize("size,expected", [("0p7b", 0.68e9), ("1p4b", 1.41e9), ("2p7b", 2.68e9)])
 @pytest.mark.parametrize("attn_type", ["sa", "xsa"])
 def test_paper_configs_have_paper_sizes(size, expected, attn_type, monkeypatch):
-    import train
     from checkpoint import model_config
-    from configurator import parse_config
+    from configurator import parse_config, read_defaults
     monkeypatch.chdir(REPO)  # config files exec their SA file by a path relative to the repo root
-    defaults = {k: getattr(train, k) for k in train.config_keys}
+    defaults = read_defaults()[0]
     config, _ = parse_config(defaults, [os.path.join("config", f"{attn_type}_{size}.py")])
     assert config["attn_type"] == attn_type
     with torch.device("meta"):
@@ -154,10 +153,9 @@ def test_paper_configs_have_paper_sizes(size, expected, attn_type, monkeypatch):
 
 
 def test_xsa_config_differs_from_sa_only_in_attn_type(monkeypatch):
-    import train
-    from configurator import parse_config
+    from configurator import parse_config, read_defaults
     monkeypatch.chdir(REPO)
-    defaults = {k: getattr(train, k) for k in train.config_keys}
+    defaults = read_defaults()[0]
     for size in ("0p7b", "1p4b", "2p7b", "tiny"):
         sa, _ = parse_config(defaults, [f"config/sa_{size}.py"])
         xsa, _ = parse_config(defaults, [f"config/xsa_{size}.py"])

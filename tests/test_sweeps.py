@@ -330,8 +330,7 @@ def test_interrupted_sweep_resumes_unfinished_runs_and_skips_finished_ones(tmp_p
 def test_sweeps_resolve_a_runs_config_as_train_py_does():
     """The skip decision needs a run's max_iters: the scripts read train.py's defaults without
     importing it (no torch per run); they must agree with train.py's own module globals."""
-    import train
-    from configurator import parse_config
+    from configurator import parse_config, read_defaults
     argv = ["config/xsa_1p4b.py", "--max_iters=1234", "--learning_rate=2e-4"]
     keys = ["max_iters", "learning_rate", "batch_size", "block_size", "eval_interval", "lr_decay_iters", "min_lr"]
     proc = subprocess.run(["bash", "-c", 'source scripts/sweep_common.sh && resolve_config "$@"', "resolve",
@@ -341,7 +340,7 @@ def test_sweeps_resolve_a_runs_config_as_train_py_does():
     cwd = os.getcwd()
     os.chdir(REPO)
     try:
-        config, _ = parse_config({k: getattr(train, k) for k in train.config_keys}, argv)
+        config, _ = parse_config(read_defaults()[0], argv)
     finally:
         os.chdir(cwd)
     assert proc.stdout.split() == [str(config[k]) for k in keys]

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ from conftest import TRAINED_RUN, TRAINED_STEPS, micro_args, run_train
 from metrics import read_metrics
 from shards import list_shards, read_shard
 
-FIELDS = {"step", "train_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "peak_mem_gb"}
+FIELDS = {"step", "train_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "peak_mem_gb", "tokens", "elapsed_s", "time"}
 
 
 def unigram_cross_entropy(data_dir, n_val_tokens):
@@ -37,6 +38,7 @@ def test_training_beats_unigram_and_logs_every_step(data_dir, trained_runs):
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     for r in records:
         assert FIELDS <= set(r), r
+        assert r["tokens"] == r["step"] * TRAINED_RUN["total_batch_size"]
         assert ("val_loss" in r) == (r["step"] % TRAINED_RUN["eval_interval"] == 0)
         assert r["lr"] == pytest.approx(expected_lr(r["step"], peak, TRAINED_RUN["warmup_iters"], steps, peak / 10),
                                         rel=1e-9)
@@ -44,6 +46,8 @@ def test_training_beats_unigram_and_logs_every_step(data_dir, trained_runs):
         assert r["mfu"] is None  # no peak FLOP/s on a CPU
     assert records[0]["tokens_per_sec"] is None  # the first step (warm-up) is not timed
     assert all(r["tokens_per_sec"] > 0 for r in records[1:])
+    for key in ("elapsed_s", "time"):  # wall-clock fields, in order
+        assert [r[key] for r in records] == sorted(r[key] for r in records)
     val_losses = [r["val_loss"] for r in records if "val_loss" in r]
     assert val_losses == sorted(val_losses, reverse=True) and val_losses[0] < math.log(50257)
     assert val_losses[-1] < unigram_cross_entropy(data_dir, TRAINED_RUN["val_tokens"])
@@ -52,6 +56,12 @@ def test_training_beats_unigram_and_logs_every_step(data_dir, trained_runs):
     assert {"git_commit", "torch", "python", "devices"} <= set(saved["provenance"])
     log = (out / "train.log").read_text()
     assert f"step {steps}/{steps}" in log and "provenance:" in log
+    # step 0: the initialisation's validation loss, near that of a uniform guess over the vocabulary
+    initial = re.search(rf"^step 0/{steps} \| val loss ([0-9.]+)$", log, re.M)
+    assert initial and float(initial.group(1)) == pytest.approx(math.log(50304), abs=0.1)
+    last_line = [line for line in log.splitlines() if line.startswith(f"step {steps}/{steps}")][0]
+    assert f"tokens {steps * TRAINED_RUN['total_batch_size'] / 1e6:,.1f}M" in last_line
+    assert "elapsed " in last_line and "eta 0s" in last_line
 
 
 def test_two_processes_match_one_process(data_dir, tmp_path):
@@ -71,7 +81,7 @@ def test_two_processes_match_one_process(data_dir, tmp_path):
 def test_indivisible_batch_is_a_clear_error_and_writes_nothing(data_dir, tmp_path):
     out = tmp_path / "run"
     proc = run_train(micro_args(data_dir, str(out), total_batch_size=1000), check=False)
-    assert proc.returncode == 3
+    assert proc.returncode == 2  # a config error: relaunching cannot fix it
     assert "total_batch_size=1000 is not a multiple of batch_size * block_size" in proc.stderr
     assert not out.exists()
 
