@@ -125,6 +125,18 @@ def test_gated_xsa_at_init_equals_sa_exactly():
     assert not torch.allclose(sa(idx)[0], gated(idx)[0], atol=1e-4)
 
 
+@pytest.mark.parametrize("variant", [dict(n_sinks=4), dict(attn_type="xsa"), dict(attn_type="xsa", xsa_gate=True)])
+def test_same_seed_gives_the_same_shared_weights_whatever_the_variant(variant):
+    """SA and its variants (XSA, gated XSA, sinks) start from identical weights for one seed, so a
+    comparison measures the variant, not a different random draw."""
+    base, other = micro_model(seed=3).state_dict(), micro_model(seed=3, **variant).state_dict()
+    assert set(base) <= set(other)
+    for name in base:
+        assert torch.equal(base[name], other[name]), name
+    if "n_sinks" in variant:  # the sinks themselves are drawn like the other embeddings
+        assert 0.015 < other["sinks"].std() < 0.025
+
+
 @pytest.mark.parametrize("attn_type,n_sinks", [("sa", 0), ("xsa", 0), ("sa", 2), ("xsa", 2)])
 def test_causality(attn_type, n_sinks):
     model = micro_model(attn_type=attn_type, n_sinks=n_sinks)

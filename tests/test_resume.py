@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
+from checkpoint import list_checkpoints, load_latest_checkpoint, prune_checkpoints, save_checkpoint
 from conftest import REPO, micro_args, run_train
 from metrics import read_metrics
 
@@ -204,3 +204,130 @@ def test_scratch_run_over_old_checkpoints_warns_and_deletes_nothing(data_dir, tm
     assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000002.pt", "ckpt_0000004.pt"]
     assert digest(os.path.join(out, "ckpt_0000004.pt")) == old
     assert [s for s, _ in losses(out)] == [1, 2]  # metrics.jsonl now describes the new run only
+
+
+def flip_bytes_in_the_middle(path):
+    """Corrupt a file without changing its size (bit rot, a bad disk), as a truncation test cannot."""
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        chunk = f.read(64)
+        f.seek(-len(chunk), os.SEEK_CUR)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+
+
+def test_corrupted_checkpoint_is_detected_by_checksum_and_skipped(data_dir, tmp_path, uninterrupted):
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **RESUME))
+    newest = list_checkpoints(out)[-1]
+    flip_bytes_in_the_middle(newest)
+    proc = run_train(micro_args(data_dir, out, init_from="resume", **RESUME))
+    assert "skipping unreadable checkpoint" in proc.stderr and "does not match its checksum" in proc.stderr
+    assert "at step 4" in proc.stdout
+    assert losses(out) == losses(uninterrupted["sa"])
+
+
+def test_pruning_never_deletes_a_readable_checkpoint_in_favour_of_an_unreadable_one(tmp_path):
+    out = str(tmp_path)
+    for step in (4, 8):
+        save_checkpoint({"step": step, "weights": torch.full((1000,), float(step))}, out, step)
+    flip_bytes_in_the_middle(os.path.join(out, "ckpt_0000008.pt"))
+    with pytest.warns(UserWarning, match="ckpt_0000008.pt.*checksum"):
+        path, state = load_latest_checkpoint(out)
+    assert state["step"] == 4
+    # the run continues from step 4 and saves step 12, keeping 2: step 4 (readable) must stay
+    known_good = {path, save_checkpoint({"step": 12, "weights": torch.zeros(3)}, out, 12)}
+    prune_checkpoints(out, 2, known_good)
+    kept = [os.path.basename(p) for p in list_checkpoints(out)]
+    assert "ckpt_0000004.pt" in kept and "ckpt_0000012.pt" in kept
+
+
+def test_temp_files_of_a_killed_save_are_removed_at_start(data_dir, tmp_path, uninterrupted):
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
+    debris = [os.path.join(out, "ckpt_0000008.pt.tmp4242"), os.path.join(out, "metrics.jsonl.tmp")]
+    for path in debris:
+        with open(path, "wb") as f:
+            f.write(os.urandom(1 << 20))
+    os.makedirs(os.path.join(out, "ckpt_0000008.tmp"))  # a sharded save cut off mid-way
+    run_train(micro_args(data_dir, out, init_from="resume", **RESUME))
+    assert not [f for f in os.listdir(out) if ".tmp" in f]
+    assert losses(out) == losses(uninterrupted["sa"])
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
+                                   RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter "
+                                                "failed writing file data/3: file write failed")])
+def test_full_disk_during_save_raises_oserror_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, error):
+    save_checkpoint({"step": 1, "weights": torch.ones(3)}, str(tmp_path), 1)
+    before = digest(list_checkpoints(str(tmp_path))[0])
+
+    def disk_full(obj, f):
+        f.write(b"partial bytes")
+        raise error
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError, match="could not write checkpoint .*ckpt_0000002.pt.*previous checkpoints are untouched"):
+        save_checkpoint({"step": 2}, str(tmp_path), 2)
+    assert os.listdir(tmp_path) == ["ckpt_0000001.pt"] and digest(list_checkpoints(str(tmp_path))[0]) == before
+
+
+def test_full_disk_during_training_exits_3_and_keeps_the_previous_checkpoint(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
+    before = {p: digest(p) for p in list_checkpoints(out)}
+    # a 2 MB file-size limit (RLIMIT_FSIZE) makes the next checkpoint write fail as a full disk does
+    script = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20)); sys.argv = sys.argv[1:]; "
+              "runpy.run_path('train.py', run_name='__main__')")
+    args = micro_args(data_dir, out, init_from="resume", **RESUME)
+    proc = subprocess.run([sys.executable, "-c", script, "train.py", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "checkpoint write failed at step 8" in proc.stderr and "previous checkpoints are untouched" in proc.stderr
+    assert {p: digest(p) for p in list_checkpoints(out)} == before
+    assert not [f for f in os.listdir(out) if ".tmp" in f]
+
+
+def test_checkpointer_refuses_to_save_a_non_finite_state(tmp_path):
+    from checkpoint import Checkpointer, NonFiniteState
+    from model import GPT, GPTConfig
+    from runtime import Runtime
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))
+    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    checkpointer = Checkpointer(str(tmp_path), 2, model, optimizer, loader=None,
+                                runtime=Runtime(0, 0, 1, "cpu", "cpu", False), sharded=False)
+    info = {"config": {}, "wandb_run_id": "x", "best_val_loss": 1.0, "provenance": {}}
+    with torch.no_grad():
+        model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("inf")
+    with pytest.raises(NonFiniteState, match="not finite at step 3"):
+        checkpointer.save(3, {}, info)
+    assert os.listdir(tmp_path) == []
+
+
+def test_skipped_non_finite_last_step_still_evaluates_and_checkpoints(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    # an absurd learning rate makes every step after the first non-finite; all of them may be skipped
+    proc = run_train(micro_args(data_dir, out, **{**RESUME, "dropout": 0.0, "max_iters": 3, "checkpoint_interval": 0,
+                                                  "learning_rate": 1e6, "warmup_iters": 0,
+                                                  "skip_nonfinite_steps": 10}), check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "step 3: non-finite loss or gradient, step skipped" in proc.stdout
+    assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000003.pt"]
+    assert "val_loss" in read_metrics(os.path.join(out, "metrics.jsonl"))[-1]
+
+
+def test_resume_applies_the_weight_decay_given_now_even_after_zero(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "weight_decay": 0.0}))
+    run_train(micro_args(data_dir, out, init_from="resume", **{**RESUME, "weight_decay": 0.05}))
+    groups = torch.load(list_checkpoints(out)[-1], weights_only=True)["optimizer"]["param_groups"]
+    # the matrices' group decays at the new rate; norms and biases never decay
+    assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.05]
+
+
+def test_extending_a_finished_run_warns_that_the_cosine_is_stretched(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    settings = {**RESUME, "lr_decay_iters": None, "max_iters": 6, "warmup_iters": 2}
+    run_train(micro_args(data_dir, out, **{**settings, "max_iters": 4}))
+    proc = run_train(micro_args(data_dir, out, init_from="resume", **settings))
+    assert "warning: the learning-rate schedule differs from the checkpoint's" in proc.stdout
+    assert "--lr_decay_iters=4" in proc.stdout

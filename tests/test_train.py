@@ -126,3 +126,25 @@ def test_compiled_xsa_training_matches_eager(data_dir, tmp_path):
     assert compiled[-1]["val_loss"] == pytest.approx(eager[-1]["val_loss"], rel=1e-4)
     state = torch.load(list_checkpoints(tmp_path / "compiled")[-1], weights_only=True)["model"]
     assert set(state) == set(torch.load(list_checkpoints(tmp_path / "eager")[-1], weights_only=True)["model"])
+
+
+@pytest.mark.parametrize("split", ["val", "train"])
+def test_token_id_beyond_the_vocabulary_names_the_shard(data_dir, tmp_path, split):
+    """A shard of another tokenizer (or a corrupt one): a clear error naming the shard and the token,
+    before any training step, not an IndexError deep in the embedding."""
+    from shards import write_shard
+    bad_dir = tmp_path / "shards"
+    bad_dir.mkdir()
+    val = np.array(read_shard(list_shards(data_dir, "val")[0]))
+    train = np.array(read_shard(list_shards(data_dir, "train")[0]))
+    bad = {"val": val, "train": train}[split]
+    bad[1234] = 50400  # fits uint16, but the model has 50304 embeddings
+    write_shard(str(bad_dir / "fineweb_val_000000.bin"), val)
+    write_shard(str(bad_dir / "fineweb_train_000001.bin"), train)
+    out = tmp_path / "run"
+    proc = run_train(micro_args(str(bad_dir), str(out)), check=False)
+    assert proc.returncode == 3
+    shard = bad_dir / f"fineweb_{split}_00000{0 if split == 'val' else 1}.bin"
+    assert f"{shard}: token id 50400 at token 1234 is out of range for vocab_size 50304" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (out / "metrics.jsonl").exists()  # no step was taken
