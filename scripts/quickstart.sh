@@ -18,8 +18,14 @@ if [ -n "${INPUT:-}" ]; then
     source_args=(--input "${patterns[@]}")
 fi
 
+status=0
 python data/fineweb/prepare.py "${source_args[@]}" --out_dir "$DATA_DIR" --max_tokens "$MAX_TOKENS" \
-    --val_tokens 200000 --shard_size 1000000
+    --val_tokens 200000 --shard_size 1000000 || status=$?
+if [ "$status" -eq 3 ]; then  # prepare.py could not reach the Hub
+    echo "quickstart: FineWeb cannot be streamed from the Hub here; set INPUT=<local text files> (txt, parquet" \
+         "or jsonl), e.g. INPUT='tests/fixtures/corpus/*.txt' bash scripts/quickstart.sh" >&2
+fi
+[ "$status" -eq 0 ] || exit "$status"
 
 for attn_type in sa xsa; do
     python train.py "config/${attn_type}_tiny.py" --data_dir="$DATA_DIR" "$@"

@@ -1,11 +1,13 @@
 """data/fineweb/prepare.py, run as a script on FineWeb-shaped local files, checked against tiktoken
-called directly; and the file list of data/fineweb/download.py."""
+called directly; its errors on bad input; and prepare.py, download.py and quickstart.sh without the Hub."""
 
+import glob
 import importlib.util
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from conftest import CORPUS, EOT, REPO
 from shards import read_header, read_shard, write_shard
 
 PREPARE = os.path.join(REPO, "data", "fineweb", "prepare.py")
+DOWNLOAD = os.path.join(REPO, "data", "fineweb", "download.py")
 SHARD_SIZE, VAL_TOKENS = 20_000, 30_000  # ~240k tokens of test documents -> 1 val + 11 train shards
 
 
@@ -232,6 +235,43 @@ def test_a_token_that_does_not_fit_uint16_fails_loudly(monkeypatch):
         prepare.tokenize_batch(["x"])
 
 # -----------------------------------------------------------------------------
+# bad input: one line naming the file (and line or row), not a traceback
+
+
+def write_parquet_without_text(path):
+    pq.write_table(pa.table({"content": ["a document"], "url": ["https://example.com/"]}), path)
+
+
+def write_parquet_with_a_null_text(path):
+    pq.write_table(pa.table({"text": ["one", "two", None, "four"]}), path)
+
+
+BAD_INPUTS = [
+    ("latin1.txt", "first line\nsecond line\ncaf\xe9\n".encode("latin-1"),
+     "latin1.txt, line 3: not UTF-8 text (byte 0xe9)"),
+    ("latin1.jsonl", '{"text": "ok"}\n\n{"text": "caf\xe9"}\n'.encode("latin-1"),
+     "latin1.jsonl, line 3: not UTF-8 text"),
+    ("broken.jsonl", b'{"text": "ok"}\n{"text": "ok"}\n{"text": "no end\n', "broken.jsonl, line 3: not valid JSON"),
+    ("no_text.jsonl", b'{"text": "ok"}\n\n{"content": "x"}\n', "no_text.jsonl, line 3: no `text` field"),
+    ("number.jsonl", b'{"text": 42}\n', "number.jsonl, line 1: `text` is int, not a string"),
+    ("no_text.parquet", write_parquet_without_text, "no_text.parquet: no `text` column (its columns: content, url)"),
+    ("null.parquet", write_parquet_with_a_null_text, "null.parquet: row 2 (counting from 0) has no text"),
+    ("not_parquet.parquet", b"PAR1 but not really", "not_parquet.parquet: not a readable parquet file"),
+]
+
+
+@pytest.mark.parametrize("name, content, error", BAD_INPUTS, ids=[case[0] for case in BAD_INPUTS])
+def test_bad_input_fails_in_one_line_naming_the_file(tmp_path, name, content, error):
+    path = tmp_path / name
+    content(str(path)) if callable(content) else path.write_bytes(content)
+    # after a good file, so that the bad one is met while reading, with the pool running
+    result = run_prepare("--input", CORPUS[0], str(path), "--out_dir", tmp_path / "out", "--num_proc", 1, check=False)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"{tmp_path}/{error}")  # the error's own line
+
+
+# -----------------------------------------------------------------------------
 # reruns and resume
 
 
@@ -255,62 +295,104 @@ def test_out_dir_with_shards_but_no_manifest_is_refused(parquet_file, tmp_path):
     assert result.returncode != 0 and "no manifest.json" in result.stderr
 
 
-def wait_for(condition, timeout=60):
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, "timed out"
-        time.sleep(0.005)
+def test_the_manifest_is_written_before_the_first_shard(tmp_path, monkeypatch):
+    """Else a kill between the first shard and the first manifest leaves a directory that holds
+    shards but no manifest, which a rerun must refuse (it cannot tell it from another tool's)."""
+    prepare = load_script("prepare")
+    out_dir = str(tmp_path)
+    manifest_there, write_shard = [], prepare.shards.write_shard
+
+    def watched_write_shard(path, tokens):
+        manifest_there.append(os.path.exists(os.path.join(out_dir, "manifest.json")))
+        write_shard(path, tokens)
+    monkeypatch.setattr(prepare.shards, "write_shard", watched_write_shard)
+    settings = {"shard_size": 4, "val_tokens": 4, "max_tokens": None}
+    writer = prepare.ShardWriter(out_dir, {"settings": settings, "shards": [], "complete": False})
+    writer.add(np.arange(10, dtype=np.uint16), np.array([3, 7]))
+    assert manifest_there == [True, True]
+    assert read_manifest(out_dir)["shards"][0]["file"] == "fineweb_val_000000.bin"
+
+
+def shard_inodes(out_dir):
+    """name -> inode of every shard file: a rewrite (temp file renamed over it) changes the inode."""
+    if not os.path.isdir(out_dir):
+        return {}
+    with os.scandir(out_dir) as entries:
+        return {e.name: e.inode() for e in entries if e.name.endswith(".bin")}
 
 
 def listed_shards(out_dir):
-    try:
-        return len(read_manifest(out_dir)["shards"])
-    except (FileNotFoundError, json.JSONDecodeError):
-        return 0
+    with open(os.path.join(out_dir, "manifest.json")) as f:
+        return [s["file"] for s in json.load(f)["shards"]]
 
 
-def test_killed_between_shards_resumes_without_rebuilding(prepared, parquet_file, tmp_path):
-    out_dir = str(tmp_path / "out")
-    args = [sys.executable, PREPARE, *map(str, prepare_args([parquet_file], out_dir))]
-    # the test hook sleeps after each shard, so the kill lands between shard 3 and shard 4
-    proc = subprocess.Popen(args, cwd=REPO, env={**os.environ, "PREPARE_SLOW_SHARD_WRITE_S": "0.3"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: listed_shards(out_dir) >= 3)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not read_manifest(out_dir)["complete"]
-    kept = {p: os.stat(p).st_mtime_ns for p in shard_paths(out_dir)}
-
-    result = run_prepare(*prepare_args([parquet_file], out_dir))
-    assert f"keeping {len(kept)} shards" in result.stdout
-    assert all(os.stat(p).st_mtime_ns == mtime for p, mtime in kept.items())  # not rebuilt
-    assert shard_bytes(out_dir) == shard_bytes(prepared)
-    assert leftover_temp_files(out_dir) == []
+def prepare_processes(out_dir):
+    """Processes (main or worker) of a prepare.py writing to out_dir."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().split(b"\0")
+        except OSError:
+            continue
+        if PREPARE.encode() in cmdline and out_dir.encode() in cmdline:
+            found.append(int(pid))
+    return found
 
 
-def test_killed_mid_shard_resumes_to_identical_shards(tmp_path, docs):
-    # more data (6 x the test documents) so the run is still going when the kill lands
-    parquet = str(tmp_path / "big.parquet")
-    write_fineweb_parquet(parquet, docs * 6)
+def test_killed_the_moment_each_shard_appears_resumes_to_identical_shards(docs, tmp_path):
+    """SIGKILL as soon as a new shard file is there (on a disk, mostly before its manifest update),
+    then rerun, until a run finishes: every kill resumes, no shard is written twice, no worker
+    outlives its run, and the shards come out byte-identical to an uninterrupted run's. Shards of
+    200k tokens, more than a batch of documents holds, appear a batch's tokenization apart, so the
+    poll sees each one alone."""
+    parquet = str(tmp_path / "docs.parquet")
+    write_fineweb_parquet(parquet, docs * 3)  # ~720k tokens: 4 shards
     reference, out_dir = str(tmp_path / "reference"), str(tmp_path / "out")
-    run_prepare(*prepare_args([parquet], reference))
+    sizes = ["--shard_size", 200_000, "--val_tokens", 200_000, "--num_proc", 1]
+    run_prepare("--input", parquet, "--out_dir", reference, *sizes)
+    args = [sys.executable, PREPARE, "--input", parquet, "--out_dir", out_dir, *map(str, sizes)]
+    first_inode, kills = {}, 0
+    for _ in range(10):
+        listed_before = listed_shards(out_dir) if os.path.exists(os.path.join(out_dir, "manifest.json")) else []
+        seen = shard_inodes(out_dir)
+        with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
+            proc = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=err)
+        new, deadline = {}, time.time() + 60
+        while not new and proc.poll() is None:
+            assert time.time() < deadline, "prepare.py hangs"
+            time.sleep(0.0002)  # short: the window before the manifest update is a few fsyncs long
+            new = {n: i for n, i in shard_inodes(out_dir).items() if seen.get(n) != i}
+        if new:
+            proc.kill()
+        proc.wait(timeout=60)
+        for name, inode in new.items():
+            assert first_inode.setdefault(name, inode) == inode, f"{name} was written again"
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == -signal.SIGKILL, (tmp_path / "stderr").read_text()
+        kills += 1
+        listed = listed_shards(out_dir)  # there is a manifest once there is a shard, whenever the kill landed
+        assert listed[:len(listed_before)] == listed_before
+        deadline = time.time() + 10
+        while prepare_processes(out_dir):
+            assert time.time() < deadline, "a worker of the killed run lives on"
+            time.sleep(0.01)
+    else:
+        pytest.fail("no run finished")
+    stdout = (tmp_path / "stdout").read_text()
+    assert f"keeping {len(listed_before)} shards" in stdout or "nothing to do" in stdout  # a kill after the last update
+    assert kills >= 3  # usually 4, one per shard
 
-    proc = subprocess.Popen([sys.executable, PREPARE, *map(str, prepare_args([parquet], out_dir))], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: os.path.exists(os.path.join(out_dir, "fineweb_train_000001.bin")))
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run finished before the kill: give it more data"
-    assert not read_manifest(out_dir)["complete"]
-    assert len(shard_paths(out_dir)) < len(shard_paths(reference))
-
-    run_prepare(*prepare_args([parquet], out_dir))
+    assert shard_inodes(out_dir) == first_inode  # each shard written once, by the run that was killed
     assert shard_bytes(out_dir) == shard_bytes(reference)
+    assert read_manifest(out_dir) == read_manifest(reference)
     assert leftover_temp_files(out_dir) == []
 
 
 def test_killed_before_the_manifest_caught_up_resumes_to_identical_shards(prepared, parquet_file, tmp_path):
-    """The states a kill can leave: a shard renamed into place but not yet in the manifest, and the
-    temp files of a shard and of a manifest being written."""
+    """The states a kill can leave: a shard renamed into place but not yet in the manifest (kept
+    as it is, not written again), and the temp files of a shard and of a manifest being written."""
     out_dir = copy_of(prepared, tmp_path)
     manifest = read_manifest(out_dir)
     manifest["shards"], manifest["complete"] = manifest["shards"][:4], False
@@ -322,12 +404,31 @@ def test_killed_before_the_manifest_caught_up_resumes_to_identical_shards(prepar
             os.remove(os.path.join(out_dir, name))
     open(os.path.join(out_dir, "fineweb_train_000005.bin.tmp4242"), "wb").write(b"\0" * 100)
     open(os.path.join(out_dir, "manifest.json.tmp4242"), "w").write("{")
+    kept = shard_inodes(out_dir)
 
     result = run_prepare(*prepare_args([parquet_file], out_dir))
     assert "keeping 4 shards" in result.stdout
+    assert {n: i for n, i in shard_inodes(out_dir).items() if n in kept} == kept  # shard 4 too
     assert shard_bytes(out_dir) == shard_bytes(prepared)
     assert read_manifest(out_dir) == read_manifest(prepared)
     assert leftover_temp_files(out_dir) == []
+
+
+def test_an_unlisted_shard_that_differs_is_written_again(prepared, parquet_file, tmp_path):
+    """A shard beyond the manifest is kept only if it is byte for byte the one the rerun makes."""
+    out_dir = copy_of(prepared, tmp_path)
+    manifest = read_manifest(out_dir)
+    manifest["shards"], manifest["complete"] = manifest["shards"][:4], False
+    del manifest["documents"], manifest["tokens"]
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    stale = os.path.join(out_dir, "fineweb_train_000004.bin")
+    tokens = read_shard(stale).copy()
+    tokens[-1] ^= 1
+    write_shard(stale, tokens)  # same size, one token off
+    run_prepare(*prepare_args([parquet_file], out_dir))
+    assert shard_bytes(out_dir) == shard_bytes(prepared)
+
 
 def test_resume_refuses_a_kept_shard_that_was_damaged(prepared, parquet_file, tmp_path):
     out_dir = copy_of(prepared, tmp_path)
@@ -377,3 +478,81 @@ def test_download_file_list_is_val_then_numbered_train_shards():
     assert download.shard_filenames(3) == ["fineweb_val_000000.bin", "fineweb_train_000001.bin",
                                            "fineweb_train_000002.bin", "fineweb_train_000003.bin"]
     assert download.shard_filenames(1030)[-1] == "fineweb_train_001030.bin"
+
+
+# -----------------------------------------------------------------------------
+# the Hub out of reach: one line pointing to local files, at once
+
+
+def closed_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+HUB_DOWN = {  # offline mode, and a Hub that refuses connections (the retries would take half a minute)
+    "offline": {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+    "unreachable": {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0",
+                    "HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}"},
+}
+
+
+def run_without_hub(cmd, hub, tmp_path, **env):
+    env = {**os.environ, **HUB_DOWN[hub], "HF_HOME": str(tmp_path / "hf_home"), **env}  # no cached Hub files either
+    t0 = time.time()
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    return result, time.time() - t0
+
+
+@pytest.mark.parametrize("hub", HUB_DOWN)
+def test_prepare_without_the_hub_says_to_use_input(hub, tmp_path):
+    result, seconds = run_without_hub([sys.executable, PREPARE, "--out_dir", str(tmp_path / "out")], hub, tmp_path)
+    assert result.returncode == 3  # quickstart.sh tells this failure from the others by its status
+    assert "Traceback" not in result.stderr
+    message = result.stderr.strip().splitlines()
+    assert len(message) == 1 and "HuggingFaceFW/fineweb" in message[0] and "--input" in message[0]
+    assert seconds < 15
+
+
+def test_prepare_without_the_bpe_files_says_to_set_tiktoken_cache_dir(tmp_path):
+    """tiktoken downloads its files on first use; a proxy that refuses connections stands in for no network."""
+    proxy = f"http://127.0.0.1:{closed_port()}"
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"), "HTTPS_PROXY": proxy, "https_proxy": proxy,
+           "NO_PROXY": "", "no_proxy": ""}
+    result = subprocess.run([sys.executable, PREPARE, "--input", CORPUS[0], "--out_dir", str(tmp_path / "out")],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "TIKTOKEN_CACHE_DIR" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("hub", HUB_DOWN)
+def test_download_without_the_hub_says_to_use_prepare_input(hub, tmp_path):
+    out_dir = tmp_path / "out"
+    cmd = [sys.executable, DOWNLOAD, "--shards", "2", "--out_dir", str(out_dir)]
+    result, seconds = run_without_hub(cmd, hub, tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    message = result.stderr.strip().splitlines()
+    assert len(message) == 1 and "kjj0/fineweb100B-gpt2" in message[0] and "prepare.py --input" in message[0]
+    assert seconds < 15
+    assert not out_dir.exists()
+
+
+def test_download_of_a_complete_directory_needs_no_hub(tmp_path):
+    for name in ["fineweb_val_000000.bin", "fineweb_train_000001.bin"]:
+        write_shard(str(tmp_path / name), np.arange(100, dtype=np.uint16))
+    cmd = [sys.executable, DOWNLOAD, "--shards", "1", "--out_dir", str(tmp_path)]
+    result, _ = run_without_hub(cmd, "offline", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "done: 2 shards, 200 tokens" in result.stdout
+
+
+def test_quickstart_without_the_hub_says_to_set_input(tmp_path):
+    data_dir = tmp_path / "data"
+    result, _ = run_without_hub(["bash", os.path.join(REPO, "scripts", "quickstart.sh")], "offline", tmp_path,
+                                DATA_DIR=str(data_dir))
+    assert result.returncode == 3
+    assert "Traceback" not in result.stderr
+    assert "set INPUT=" in result.stderr.strip().splitlines()[-1]
+    assert not glob.glob(os.path.join(data_dir, "*.bin"))

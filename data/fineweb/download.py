@@ -33,14 +33,36 @@ def is_valid_shard(path):
         return False
 
 
+def reason(e):
+    """An exception in one line: the libraries' own tracebacks run to dozens of lines and bury the way out."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def check_hub(repo_id):
+    """Fail at once when the Hub is out of reach, where hf_hub_download would retry for half a
+    minute per file first. One metadata request: it fails fast offline and honours proxy settings."""
+    from huggingface_hub import HfApi
+    try:
+        HfApi().dataset_info(repo_id, timeout=10)
+    except Exception as e:
+        sys.exit(f"cannot reach {repo_id} on the Hugging Face Hub ({reason(e)}); without Hub access, make the shards "
+                 f"from local text files instead: python data/fineweb/prepare.py --input 'my_texts/*.txt'")
+
+
 def download_shard(repo_id, filename, out_dir):
-    """Fetch one shard (unless a valid copy is there) and check its header and size."""
+    """Fetch one shard and check its header and size."""
     from huggingface_hub import hf_hub_download  # only this script needs it
     path = os.path.join(out_dir, filename)
-    if not is_valid_shard(path):
+    try:
         path = hf_hub_download(repo_id=repo_id, filename=filename, repo_type="dataset", local_dir=out_dir,
                                force_download=os.path.exists(path))  # a damaged copy: fetch it again
-    return shards.read_header(path)  # a clear error naming the file if the download is not a shard
+    except Exception as e:  # the connection lost midway, a file the repo does not have, ...
+        sys.exit(f"{filename}: download from {repo_id} failed ({reason(e)}); rerun to resume")
+    try:
+        return shards.read_header(path)
+    except shards.ShardError as e:
+        sys.exit(f"downloaded file is not a token shard: {e}")
 
 
 def main():
@@ -53,10 +75,15 @@ def main():
     if num_train is None or num_train < 0:
         parser.error(f"give --shards N (a number >= 0) for {args.dataset}")
 
+    filenames = shard_filenames(num_train)
+    missing = {name for name in filenames if not is_valid_shard(os.path.join(args.out_dir, name))}
+    if missing:  # a complete directory needs no Hub
+        check_hub(args.dataset)
     os.makedirs(args.out_dir, exist_ok=True)
     total = 0
-    for filename in shard_filenames(num_train):
-        ntok = download_shard(args.dataset, filename, args.out_dir)
+    for filename in filenames:
+        path = os.path.join(args.out_dir, filename)
+        ntok = download_shard(args.dataset, filename, args.out_dir) if filename in missing else shards.read_header(path)
         total += ntok
         print(f"{filename}: {ntok:,} tokens", flush=True)
     print(f"done: {num_train + 1} shards, {total:,} tokens in {args.out_dir}")

@@ -24,6 +24,7 @@ import fcntl
 import glob
 import json
 import os
+import signal
 import sys
 import time
 from multiprocessing import Pool
@@ -31,6 +32,7 @@ from multiprocessing import Pool
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import tiktoken
 from tqdm import tqdm
@@ -42,6 +44,7 @@ EOT = 50256  # <|endoftext|>, the delimiter that starts every document
 EOT_ARRAY = np.array([EOT], dtype=np.uint32)
 DOCS_PER_BATCH = 256  # documents per worker task: ~200k tokens of FineWeb, enough to amortise the IPC
 MANIFEST = "manifest.json"
+HUB_UNREACHABLE = 3  # exit status when the Hub cannot be read, so that scripts can suggest local files
 
 # -----------------------------------------------------------------------------
 # documents in: a stream of texts, numbered from 0, that can start at any document index
@@ -58,41 +61,98 @@ def expand_inputs(patterns):
     for path in files:
         if not path.endswith((".parquet", ".jsonl", ".txt")):
             sys.exit(f"--input {path}: unsupported file type (expected .parquet, .jsonl or .txt)")
+        if path.endswith(".parquet"):
+            open_parquet(path)  # a file without `text` fails now, not after hours on the files before it
     return files
+
+
+def open_parquet(path):
+    """The parquet file, after checking that it has a string `text` column."""
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        sys.exit(f"{path}: not a readable parquet file ({e})")
+    schema = pf.schema_arrow
+    if "text" not in schema.names:
+        sys.exit(f"{path}: no `text` column (its columns: {', '.join(schema.names)})")
+    kind = schema.field("text").type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        sys.exit(f"{path}: the `text` column holds {kind}, not strings")
+    return pf
 
 
 def iter_parquet_texts(path, skip):
     """The `text` column, skipping whole row groups through the footer metadata when resuming."""
-    pf = pq.ParquetFile(path)
+    pf = open_parquet(path)
+    row = 0  # row number, in the file, of the next batch's first row
     for group in range(pf.num_row_groups):
         rows = pf.metadata.row_group(group).num_rows
         if skip >= rows:
             skip -= rows
+            row += rows
             continue
         for batch in pf.iter_batches(batch_size=1024, row_groups=[group], columns=["text"]):
-            texts = batch.column(0).to_pylist()
+            column = batch.column(0)
+            if column.null_count:  # None would only fail later, in a worker, without the file's name
+                first = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+                sys.exit(f"{path}: row {row + first} (counting from 0) has no text (null)")
+            texts = column.to_pylist()
             yield from texts[skip:]
             skip = max(0, skip - len(texts))
+            row += len(texts)
+
+
+def open_text(path):
+    """Text files are read with errors="surrogateescape", which keeps each byte that is not UTF-8 as
+    a lone surrogate: reading never fails mid-stream, and check_utf8 can say where the byte was."""
+    return open(path, encoding="utf-8", errors="surrogateescape")
+
+
+def check_utf8(path, text, line=1):
+    """Exit naming the file and line of the first byte of `text` that was not UTF-8."""
+    if text.isascii():  # O(1) in CPython: pure ASCII text costs nothing
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        line += text.count("\n", 0, e.start)
+        sys.exit(f"{path}, line {line}: not UTF-8 text (byte 0x{ord(text[e.start]) - 0xDC00:02x})")
 
 
 def iter_jsonl_texts(path, skip):
     """The `text` field of each non-blank line; skipped lines are counted, not parsed."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
+    with open_text(path) as f:
+        for line_number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             if skip:
                 skip -= 1
                 continue
-            yield json.loads(line)["text"]
+            check_utf8(path, line, line_number)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                sys.exit(f"{path}, line {line_number}: not valid JSON ({e.msg}, column {e.colno})")
+            if not isinstance(row, dict) or "text" not in row:
+                sys.exit(f"{path}, line {line_number}: no `text` field")
+            if not isinstance(row["text"], str):
+                sys.exit(f"{path}, line {line_number}: `text` is {type(row['text']).__name__}, not a string")
+            yield row["text"]
+
+
+def read_txt(path):
+    with open_text(path) as f:
+        text = f.read()
+    check_utf8(path, text)
+    return text
 
 
 def count_documents(path):
     """Number of documents in a local file, cheaply (no text is decoded for parquet)."""
     if path.endswith(".parquet"):
-        return pq.ParquetFile(path).metadata.num_rows
+        return open_parquet(path).metadata.num_rows
     if path.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as f:
+        with open_text(path) as f:
             return sum(1 for line in f if line.strip())
     return 1
 
@@ -108,19 +168,42 @@ def iter_local_documents(files, start):
         elif path.endswith(".jsonl"):
             yield from iter_jsonl_texts(path, start)
         else:
-            with open(path, encoding="utf-8") as f:
-                yield f.read()
+            yield read_txt(path)
         start = 0
 
 
+def hub_error(dataset, e):
+    """One line for a Hub that cannot be read (offline, no network, no such dataset): the
+    libraries' own tracebacks run to dozens of lines and bury the way out."""
+    lines = str(e).strip().splitlines()
+    reason = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    return (f"cannot stream {dataset} from the Hugging Face Hub ({reason}); without Hub access, "
+            f"tokenize local files instead: --input 'fineweb_parquet/*.parquet' (or .jsonl, .txt files)")
+
+
+def check_hub(dataset):
+    """Fail at once when the Hub is out of reach: load_dataset retries for half a minute first. One
+    metadata request, which fails fast offline and honours the proxy settings as the stream would."""
+    from huggingface_hub import HfApi
+    try:
+        HfApi().dataset_info(dataset, timeout=10)
+    except Exception as e:
+        print(hub_error(dataset, e), file=sys.stderr)
+        sys.exit(HUB_UNREACHABLE)
+
+
 def iter_hub_documents(dataset, name, start):
-    """Texts streamed from the Hugging Face Hub from document index `start` on."""
+    """Texts streamed from the Hugging Face Hub from document index `start` on. The stream is opened
+    now, not at the first document, so that a failure to open it is reported before the progress bar."""
     from datasets import load_dataset  # slow to import, and not needed for local files
-    ds = load_dataset(dataset, name=name, split="train", streaming=True)
+    try:
+        ds = load_dataset(dataset, name=name, split="train", streaming=True)
+    except Exception as e:
+        print(hub_error(dataset, e), file=sys.stderr)
+        sys.exit(HUB_UNREACHABLE)
     if start:
         ds = ds.skip(start)
-    for example in ds:
-        yield example["text"]
+    return (example["text"] for example in ds)
 
 
 def batched(texts, size):
@@ -153,6 +236,17 @@ def tokenize_batch(texts):
         raise ValueError(f"token id {tokens.max()} does not fit in uint16, the shards' token type")
     lengths = np.array([len(ids) for ids in parts[1::2]], dtype=np.int64) + 1
     return tokens.astype(np.uint16), lengths
+
+
+def die_with(parent_pid):
+    """Pool initializer: the worker gets SIGKILL when the main process dies (Linux). Else a worker of
+    a run killed with kill -9 can live on for ever, e.g. blocked on a queue lock the dead one held."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def imap_ordered(pool, fn, items, max_in_flight):
@@ -192,7 +286,7 @@ def load_manifest(out_dir, settings):
     with the same settings, else an error (never mix two streams in one directory)."""
     path = os.path.join(out_dir, MANIFEST)
     if not os.path.exists(path):
-        if glob.glob(os.path.join(out_dir, "*.bin")):
+        if glob.glob(os.path.join(out_dir, "*.bin")):  # not ours: the manifest is written before the first shard
             sys.exit(f"{out_dir} holds shards but no {MANIFEST}; use an empty --out_dir")
         return {"settings": settings, "shards": [], "complete": False}
     with open(path) as f:
@@ -233,6 +327,19 @@ def remove_temp_files(out_dir):
 
 def shard_name(index):
     return f"fineweb_val_{index:06d}.bin" if index == 0 else f"fineweb_train_{index:06d}.bin"
+
+
+def holds_shard(path, tokens):
+    """Whether path is already the shard of these tokens, byte for byte. A run killed between a
+    shard's rename and the manifest update leaves such a shard, unlisted: the rerun tokenizes its
+    documents again but keeps the file, so that no kill, however timed, makes a shard be written twice."""
+    try:
+        if shards.read_header(path) != len(tokens):
+            return False
+    except shards.ShardError:  # not there (the usual case), or not a whole shard
+        return False
+    header = np.fromfile(path, dtype="<i4", count=shards.HEADER_INTS)
+    return not header[3:].any() and np.array_equal(shards.read_shard(path), tokens)
 
 
 class ShardWriter:
@@ -277,8 +384,14 @@ class ShardWriter:
                 self.write_shard()
 
     def write_shard(self):
+        if not self.manifest["shards"]:
+            # the manifest goes first: a kill right after the first shard must leave a directory that
+            # a rerun knows as its own, not one that "holds shards but no manifest"
+            save_manifest(self.out_dir, self.manifest)
         name = shard_name(len(self.manifest["shards"]))
-        shards.write_shard(os.path.join(self.out_dir, name), self.buf[:self.filled])
+        path, tokens = os.path.join(self.out_dir, name), self.buf[:self.filled]
+        if not holds_shard(path, tokens):
+            shards.write_shard(path, tokens)
         last_doc = self.doc if self.offset else self.doc - 1
         self.manifest["shards"].append({
             "file": name, "tokens": self.filled,
@@ -286,7 +399,6 @@ class ShardWriter:
             "next_doc": self.doc, "next_offset": self.offset})
         save_manifest(self.out_dir, self.manifest)
         self.tokens_written += self.filled
-        time.sleep(float(os.environ.get("PREPARE_SLOW_SHARD_WRITE_S", 0)))  # test hook: a window to kill in
         self.start_shard()
 
     def finish(self):
@@ -363,28 +475,34 @@ def main():
         print(f"nothing to do: {args.out_dir} is complete ({len(manifest['shards'])} shards, "
               f"{manifest['tokens']:,} tokens from {manifest['documents']:,} documents)")
         return
+    if not files:
+        check_hub(args.dataset)
 
     writer = ShardWriter(args.out_dir, manifest)
     start_doc, start_tokens, start_shards = writer.doc, writer.tokens_written, len(manifest["shards"])
     if start_shards:
         print(f"resuming {args.out_dir}: keeping {start_shards} shards, skipping {start_doc:,} documents")
-    tiktoken.get_encoding(TOKENIZER)  # load the BPE once, here: the forked workers inherit it
+    try:
+        tiktoken.get_encoding(TOKENIZER)  # load the BPE once, here: the forked workers inherit it
+    except Exception as e:  # tiktoken downloads the BPE files on first use
+        sys.exit(f"cannot load tiktoken's {TOKENIZER} BPE files ({type(e).__name__}); offline, point "
+                 f"TIKTOKEN_CACHE_DIR at a directory holding tiktoken's cached {TOKENIZER} files")
     # the pool is forked before the Hub stream opens its connections and threads
-    with Pool(args.num_proc) as pool:
+    with Pool(args.num_proc, initializer=die_with, initargs=(os.getpid(),)) as pool:
         texts = iter_local_documents(files, start_doc) if files else iter_hub_documents(args.dataset, args.name, start_doc)
         batches = imap_ordered(pool, tokenize_batch, batched(texts, DOCS_PER_BATCH), max_in_flight=4 * args.num_proc)
         t0 = time.time()
-        bar = tqdm(initial=start_doc, unit="docs", unit_scale=True, dynamic_ncols=True)
-        for tokens, doc_lengths in batches:
-            writer.add(tokens, doc_lengths)
-            bar.update(len(doc_lengths))
-            tokens_this_run = writer.tokens_written + writer.filled - start_tokens
-            bar.set_postfix(tok_per_s=f"{tokens_this_run / (time.time() - t0):,.0f}",
-                            shards=len(manifest["shards"]), refresh=False)
-            if writer.done:
-                break
-        writer.finish()
-        bar.close()
+        # closed on an input error too, so that the error starts a line of its own
+        with tqdm(initial=start_doc, unit="docs", unit_scale=True, dynamic_ncols=True) as bar:
+            for tokens, doc_lengths in batches:
+                writer.add(tokens, doc_lengths)
+                bar.update(len(doc_lengths))
+                tokens_this_run = writer.tokens_written + writer.filled - start_tokens
+                bar.set_postfix(tok_per_s=f"{tokens_this_run / (time.time() - t0):,.0f}",
+                                shards=len(manifest["shards"]), refresh=False)
+                if writer.done:
+                    break
+            writer.finish()
     dt = time.time() - t0
     n_val = min(1, len(manifest["shards"]))
     print(f"done: {manifest['documents']:,} documents, {manifest['tokens']:,} tokens, {len(manifest['shards'])} shards "
