@@ -175,14 +175,12 @@ sweep_run() {
     local args=("$config" "--out_dir=$out_dir" "--wandb_run_name=$name" "--wandb_group=$SWEEP_GROUP"
         "$@" "${PASSTHROUGH[@]}")
 
+    # the run's config, resolved as train.py will: a mistyped override fails here, before any run
+    # starts (and in a DRY_RUN), instead of in every run the sweep launches
     local step max_iters
+    max_iters=$(resolve_config max_iters "${args[@]}") || die "$name: its config does not resolve (see above)"
     step=$(newest_checkpoint_step "$out_dir")
     if [[ -n $step ]]; then
-        if ! max_iters=$(resolve_config max_iters "${args[@]}"); then
-            echo "# $name: FAILED (could not resolve its config)"
-            RUNS_FAILED+=("$name")
-            return 0
-        fi
         if ((step >= max_iters)); then
             echo "# $name: skip (finished: checkpoint step $step >= max_iters $max_iters)"
             RUNS_SKIPPED+=("$name")

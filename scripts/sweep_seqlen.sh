@@ -11,10 +11,12 @@
 #   TOTAL_BATCH_SIZE=524288   tokens per optimizer step (--total_batch_size)
 #   TOKENS_PER_MICRO       tokens per GPU per micro-step; default: the config's batch_size x
 #                          block_size (4 x 2048 at 1.4B), which the memory planner says fits
-# Each run gets --batch_size=B with B x L = TOKENS_PER_MICRO (at least one sequence, so lengths
-# above TOKENS_PER_MICRO hold more tokens: add --activation_checkpointing=selective there), so memory
-# stays about the same at every length and train.py raises gradient accumulation to keep
-# TOTAL_BATCH_SIZE = B x L x processes x accumulation steps.
+# Each run gets --batch_size=B with B x L = TOKENS_PER_MICRO, so memory stays about the same at every
+# length and train.py raises gradient accumulation to keep TOTAL_BATCH_SIZE = B x L x processes x
+# accumulation steps. A length above TOKENS_PER_MICRO still needs one whole sequence, which holds
+# more tokens: those runs recompute activations in the backward to fit the same memory,
+# --activation_checkpointing=selective up to 2x the tokens, =block beyond (an explicit
+# --activation_checkpointing=... given to the sweep wins).
 # Runs: $OUT_ROOT/sweep_seqlen/{sa,xsa}_<SIZE>_seqlen<L>, wandb group sweep_seqlen_<SIZE>. Rerun to
 # resume; finished runs are skipped. Common options: scripts/sweep_common.sh.
 set -euo pipefail
@@ -34,6 +36,12 @@ fi
 for length in $LENGTHS; do
     batch_size=$((TOKENS_PER_MICRO / length))
     ((batch_size >= 1)) || batch_size=1
+    recompute=()  # activations are about proportional to the tokens of a micro-step
+    if ((length > 2 * TOKENS_PER_MICRO)); then
+        recompute=(--activation_checkpointing=block)
+    elif ((length > TOKENS_PER_MICRO)); then
+        recompute=(--activation_checkpointing=selective)
+    fi
     # train.py needs whole micro-steps: check here rather than fail after the sweep has started
     for slot in "${SLOTS[@]}"; do
         nproc=$(slot_nproc "$slot")
@@ -42,6 +50,6 @@ for length in $LENGTHS; do
                 "batch_size $batch_size x $length x $nproc processes"
     done
     sweep_pair "$SIZE" "_seqlen$length" "--block_size=$length" "--total_batch_size=$TOTAL_BATCH_SIZE" \
-        "--batch_size=$batch_size"
+        "--batch_size=$batch_size" ${recompute[@]+"${recompute[@]}"}
 done
 sweep_end

@@ -123,6 +123,10 @@ def test_seqlen_sweep_keeps_524288_tokens_per_step_and_the_micro_batch_in_memory
         assert total == PAPER_TOKENS_PER_STEP
         assert batch_size >= 1 and batch_size * length <= max(tokens_per_micro, length)
         assert batch_size * length == max(tokens_per_micro, length)  # whole sequences, no memory wasted
+        # a micro-step of more tokens than the config's recomputes activations to fit the same memory
+        expected = ("block" if length > 2 * tokens_per_micro else "selective" if length > tokens_per_micro
+                    else None)
+        assert o.get("activation_checkpointing") == expected
         grad_accum, remainder = divmod(PAPER_TOKENS_PER_STEP, batch_size * length * world)
         assert remainder == 0 and grad_accum >= 1
         assert batch_size * length * grad_accum * world == PAPER_TOKENS_PER_STEP
@@ -131,6 +135,20 @@ def test_seqlen_sweep_keeps_524288_tokens_per_step_and_the_micro_batch_in_memory
         check_names(cmd, out_root, "sweep_seqlen", f"{attn}_1p4b_seqlen{length}", "sweep_seqlen_1p4b")
         lengths.add((attn, length))
     assert lengths == {(a, n) for a in ("sa", "xsa") for n in (512, 1024, 2048, 4096, 8192, 16384)}
+
+
+def test_seqlen_sweep_lets_an_explicit_activation_checkpointing_win(tmp_path):
+    commands = dry_run("sweep_seqlen.sh", "--activation_checkpointing=none", OUT_ROOT=str(tmp_path), LENGTHS="16384")
+    assert [c["overrides"]["activation_checkpointing"] for c in commands] == ["none", "none"]
+
+
+@pytest.mark.parametrize("script", ["sweep_lr.sh", "sweep_seqlen.sh"])
+def test_dry_run_checks_override_keys_and_values_before_printing_any_run(tmp_path, script):
+    proc = run_sweep(script, "--learnig_rate=1e-3", check=False, DRY_RUN="1", OUT_ROOT=str(tmp_path))
+    assert proc.returncode == 2 and "did you mean learning_rate" in proc.stderr
+    assert "train.py" not in proc.stdout
+    proc = run_sweep(script, "--max_iters=1.5", check=False, DRY_RUN="1", OUT_ROOT=str(tmp_path))
+    assert proc.returncode == 2 and "max_iters expects int" in proc.stderr
 
 
 def test_seqlen_sweep_refuses_a_process_count_that_cannot_make_whole_micro_steps(tmp_path):
