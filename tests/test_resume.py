@@ -3,6 +3,7 @@
 import errno
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -331,3 +332,11 @@ def test_extending_a_finished_run_warns_that_the_cosine_is_stretched(data_dir, t
     proc = run_train(micro_args(data_dir, out, init_from="resume", **settings))
     assert "warning: the learning-rate schedule differs from the checkpoint's" in proc.stdout
     assert "--lr_decay_iters=4" in proc.stdout
+
+
+def test_samples_are_logged_and_do_not_change_training(data_dir, tmp_path, uninterrupted):
+    out = str(tmp_path / "run")
+    proc = run_train(micro_args(data_dir, out, sample_interval=4, **RESUME))
+    samples = re.findall(r"^step (\d+) sample: (.+)$", proc.stdout, re.M)
+    assert [int(step) for step, _ in samples] == [4, 8] and all(len(text) > 2 for _, text in samples)
+    assert losses(out) == losses(uninterrupted["sa"])  # sampling draws from its own generator
