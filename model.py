@@ -27,11 +27,13 @@ class GPTConfig:
     block_size: int = 1024  # longest sequence the model is trained on (sinks not counted)
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for efficiency
     n_layer: int = 12  # transformer blocks
-    n_head: int = 12  # attention heads per block
+    n_head: int = 12  # attention (query) heads per block
+    n_kv_head: int | None = None  # key/value heads (GQA: n_head a multiple of it; 1 is MQA); None means n_head
     n_embd: int = 768  # model (residual stream) width
     head_dim: int | None = None  # width of one head; None means n_embd // n_head
     attn_type: str = "sa"  # "sa": standard self-attention, "xsa": exclusive self-attention
     xsa_gate: bool = False  # XSA only: z = y - tanh(alpha) * proj, alpha per head, zero-init (starts as SA)
+    xsa_layers: int | str | None = None  # XSA only: the blocks using it, the last k (an int) or "0,5,11"; None: all
     n_sinks: int = 0  # learned sink tokens prepended to every sequence (StreamingLLM-style); never scored
     rope_theta: float = 10000.0  # RoPE base frequency
     bias: bool = False  # biases in Linear and LayerNorm layers
@@ -48,6 +50,34 @@ class GPTConfig:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if self.xsa_gate and self.attn_type != "xsa":
             raise ValueError("xsa_gate=True needs attn_type='xsa'")
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head={self.n_head} must be a multiple of n_kv_head={self.n_kv_head}")
+        if self.xsa_layers is not None:
+            if self.attn_type != "xsa":
+                raise ValueError("xsa_layers needs attn_type='xsa'")
+            self.xsa_blocks()  # raises for a bad value
+
+    def xsa_blocks(self):
+        """Indices of the blocks that use XSA: xsa_layers=k is the last k, a string lists them."""
+        if self.attn_type != "xsa":
+            return set()
+        L, spec = self.n_layer, self.xsa_layers
+        if spec is None:
+            return set(range(L))
+        if isinstance(spec, int):
+            if not 0 <= spec <= L:
+                raise ValueError(f"xsa_layers={spec}: the last k blocks needs 0 <= k <= n_layer={L}")
+            return set(range(L - spec, L))
+        try:
+            blocks = [int(i) for i in spec.split(",")]
+        except ValueError:
+            raise ValueError(f"xsa_layers={spec!r}: expected the last k blocks (an int) or block indices "
+                             f"such as '0,5,11'") from None
+        if any(not 0 <= i < L for i in blocks) or len(set(blocks)) != len(blocks):
+            raise ValueError(f"xsa_layers={spec!r}: block indices must be distinct and in 0..{L - 1}")
+        return set(blocks)
 
 
 # -----------------------------------------------------------------------------
@@ -67,6 +97,8 @@ class ExcludeSelf(torch.autograd.Function):
     Dot products run in fp32 so the projection is removed accurately under bf16 autocast.
     With g = dL/dz, s = g.vn, c = y.vn, r = 1/max(|v|, eps):
         dL/dy = g - s vn,   u = -(c g + s y),   dL/dv = (u - (u.vn) vn) r
+    v may broadcast against y (GQA: one value head for a group of query heads); its gradient then
+    sums u over the group before the projection, which is linear in u.
     """
     eps = 1e-12  # as F.normalize
 
@@ -98,7 +130,7 @@ class ExcludeSelf(torch.autograd.Function):
         c = (yf * vn).sum(dim=-1, keepdim=True)
         s = (g * vn).sum(dim=-1, keepdim=True)
         grad_y = g - s * vn
-        u = -(c * g + s * yf)
+        u = (-(c * g + s * yf)).sum_to_size(vf.shape)  # summed over the query heads sharing v
         # below eps F.normalize is v / eps, a plain scaling with no tangential projection
         tangential = torch.where(norm > ExcludeSelf.eps, (u * vn).sum(dim=-1, keepdim=True), 0.0)
         grad_v = (u - tangential * vn) * r
@@ -106,8 +138,12 @@ class ExcludeSelf(torch.autograd.Function):
 
 
 def exclude_self(y, v):
-    """z = y - (y.v / |v|^2) v per head and position; y, v: (B, n_head, T, head_dim)."""
-    return ExcludeSelf.apply(y, v)
+    """z = y - (y.v / |v|^2) v per head and position; y: (B, n_head, T, head_dim), v: (B, n_kv_head,
+    T, head_dim), where query head h reads value head h // (n_head / n_kv_head), as in SDPA's GQA.
+    The groups broadcast against their value head: v is never repeated."""
+    B, H, T, D = y.shape
+    groups = y.unflatten(1, (v.size(1), H // v.size(1)))  # (B, n_kv_head, queries per kv head, T, D)
+    return ExcludeSelf.apply(groups, v.unsqueeze(2)).flatten(1, 2)
 
 
 # -----------------------------------------------------------------------------
@@ -131,28 +167,34 @@ def apply_rope(x, cos, sin):
 
 class CausalSelfAttention(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, xsa=False):
         super().__init__()
-        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         attn_width = config.n_head * config.head_dim  # may differ from n_embd (paper, Table 1)
-        self.c_attn = nn.Linear(config.n_embd, 3 * attn_width, bias=config.bias)
+        kv_width = config.n_kv_head * config.head_dim
+        # q, k and v as three matrices (not one fused qkv): Muon orthogonalises each on its own
+        self.c_q = nn.Linear(config.n_embd, attn_width, bias=config.bias)
+        self.c_k = nn.Linear(config.n_embd, kv_width, bias=config.bias)
+        self.c_v = nn.Linear(config.n_embd, kv_width, bias=config.bias)
         self.c_proj = nn.Linear(attn_width, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
-        self.attn_type = config.attn_type
+        self.attn_type = "xsa" if xsa else "sa"  # this block's (xsa_layers may leave some blocks SA)
         # gated XSA: alpha = 0 makes the block exactly SA at initialisation
-        self.xsa_alpha = nn.Parameter(torch.zeros(config.n_head)) if config.xsa_gate else None
+        self.xsa_alpha = nn.Parameter(torch.zeros(config.n_head)) if xsa and config.xsa_gate else None
 
     def project_qkv(self, x, cos, sin):
-        """Per-head q, k (rotated) and v, each (B, n_head, T, head_dim)."""
+        """q (rotated): (B, n_head, T, head_dim); k (rotated) and v: (B, n_kv_head, T, head_dim)."""
         B, T, _ = x.size()
-        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def forward(self, x, cos, sin):
         B, T, _ = x.size()
         q, k, v = self.project_qkv(x, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head,
                                            dropout_p=self.dropout if self.training else 0.0)
         if self.attn_type == "xsa":
             z = exclude_self(y, v)
@@ -179,10 +221,10 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, xsa=False):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, xsa)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
@@ -204,7 +246,7 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             ln_emb=nn.LayerNorm(config.n_embd, bias=config.bias),  # the paper's extra LayerNorm
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, xsa=i in config.xsa_blocks()) for i in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.sinks = nn.Parameter(torch.empty(config.n_sinks, config.n_embd)) if config.n_sinks else None

@@ -43,13 +43,15 @@ wandb_group = None  # wandb group; None: the config name without its sa_/xsa_ pr
 wandb_run_name = None  # wandb run name; None: the config file name
 # model (model.GPTConfig)
 n_layer = 12  # transformer blocks
-n_head = 12  # attention heads per block
+n_head = 12  # attention (query) heads per block
+n_kv_head = None  # key/value heads, for GQA (n_head a multiple of it) or MQA (1); None means n_head
 n_embd = 768  # model width
 head_dim = None  # width of one head; None means n_embd // n_head
 block_size = 1024  # context length in tokens
 vocab_size = 50304  # GPT-2's 50257 padded up to a multiple of 64
 attn_type = "sa"  # "sa" (standard) or "xsa" (exclusive self-attention)
 xsa_gate = False  # XSA with a learnable per-head gate, z = y - tanh(alpha) * proj, alpha zero-init
+xsa_layers = None  # XSA in some blocks only: the last k (an int) or listed ("0,5,11"); None means all
 n_sinks = 0  # learned attention-sink tokens prepended to every sequence
 rope_theta = 10000.0  # RoPE base frequency
 bias = False  # biases in Linear and LayerNorm layers
@@ -81,10 +83,10 @@ data_seed = None  # shard order seed; None means seed (SA and XSA with one seed 
 # -----------------------------------------------------------------------------
 # key groups, read with the defaults above by configurator.read_defaults (train.py, checkpoint.py, eval/compare.py)
 # the parameters and what they compute: a checkpoint resumes only into a run with the same values
-ARCHITECTURE_KEYS = ("n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "attn_type", "xsa_gate", "n_sinks",
-                     "rope_theta", "bias")
+ARCHITECTURE_KEYS = ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "vocab_size", "attn_type", "xsa_gate",
+                     "xsa_layers", "n_sinks", "rope_theta", "bias")
 # the attention variant, which a comparison sets against the SA baseline within one setting
-VARIANT_KEYS = ("attn_type", "xsa_gate")
+VARIANT_KEYS = ("attn_type", "xsa_gate", "xsa_layers")
 # runs of two variants with the same values here form a pair: same initialisation, same batches
 PAIRING_KEYS = ("seed", "data_seed")
 # where and how a run is named, logged, launched or parallelised: never what it trains

@@ -18,9 +18,10 @@ What is counted, per GPU (W processes, P parameters with the tied embedding once
         two blocks (current, prefetched), or of all blocks with reshard_after_forward=False; with
         several micro-steps, the unsharded fp32 gradients accumulated until the last one (4P)
   activations saved for the backward, per token and block: 2 fp32 residuals (8d bytes) and
-        (10d + 7a) bf16 elements (LayerNorm outputs as matmul inputs d + d, qkv 3a, rotated q and
-        k 2a, attention output a, its reshaped copy a, MLP hidden 4d + GELU output 4d), where
-        d = n_embd and a = n_head * head_dim; in fp32 the same with 4 bytes. XSA keeps no more: its
+        (10d + 4a + 3k) bf16 elements (LayerNorm outputs as matmul inputs d + d, q a, k and v 2k,
+        rotated q and k a + k, attention output a, its reshaped copy a, MLP hidden 4d + GELU output
+        4d), where d = n_embd, a = n_head * head_dim and k = n_kv_head * head_dim (k = a without
+        GQA); in fp32 the same with 4 bytes. XSA keeps no more: its
         inputs are kept already and its output is what gets reshaped (on CUDA, SA's flash-attention
         output needs no copy: one a less than counted); gated XSA keeps one more a. A checkpointed
         block keeps only its input (4d bytes). Outside the blocks: embedding, final norm, the
@@ -88,6 +89,7 @@ def plan(c, world_size, device_type="cuda", dtype="bfloat16", counts=None):
     P, L, V, d = n["total"], c["n_layer"], c["vocab_size"], c["n_embd"]
     head_dim = c["head_dim"] or d // c["n_head"]
     a = c["n_head"] * head_dim
+    kv = (c.get("n_kv_head") or c["n_head"]) * head_dim
     amp = dtype != "float32"
     e = 2 if amp else 4  # bytes per activation element (matmul inputs and outputs)
     fsdp = c["parallelism"] == "fsdp" and world_size > 1
@@ -112,7 +114,7 @@ def plan(c, world_size, device_type="cuda", dtype="bfloat16", counts=None):
 
     tokens = c["batch_size"] * c["block_size"]  # scored positions
     block_tokens = c["batch_size"] * (c["block_size"] + c["n_sinks"])  # sinks go through the blocks
-    block = 8 * d + e * (10 * d + 7 * a) + 4 * c["n_head"] + 16 + (e * a if c["xsa_gate"] else 0)
+    block = 8 * d + e * (10 * d + 4 * a + 3 * kv) + 4 * c["n_head"] + 16 + (e * a if c["xsa_gate"] else 0)
     kept = (L - n_ckpt) * block + n_ckpt * 4 * d
     outside = 16 + 4 * d + 4 * d + e * d + 4 * V + 16  # ids, targets, embedding, last residual, head input, log-probs
     parts["activations"] = kept * block_tokens + outside * tokens
@@ -181,7 +183,8 @@ def measure_peak(c):
         loss.backward()
 
     torch.manual_seed(0)
-    tiny = {**c, "n_layer": 1, "n_embd": 64, "n_head": 2, "head_dim": 32, "vocab_size": 256, "block_size": 16}
+    tiny = {**c, "n_layer": 1, "n_embd": 64, "n_head": 2, "n_kv_head": None, "head_dim": 32, "vocab_size": 256,
+            "block_size": 16, "xsa_layers": None}
     step(setup(tiny)[0], 1)  # loads kernels and thread pools before the baseline
     base = resident()
     model, optimizer = setup(c)  # both kept alive through the step

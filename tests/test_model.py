@@ -28,11 +28,13 @@ def naive_rope(x, theta):
 
 
 def naive_attention(attn, x, theta, n_sinks=0):
-    """Explicit masked-softmax attention from the module's weights: returns (y, v, z, out)."""
+    """Explicit masked-softmax attention from the module's weights: returns (y, v, z, out). Under GQA
+    each key/value head is repeated for its group of query heads (the repeat the model avoids)."""
     B, T, _ = x.shape
     H, D = attn.n_head, attn.head_dim
-    qkv = x @ attn.c_attn.weight.T
-    q, k, v = (t.reshape(B, T, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=-1))
+    heads = lambda t: t.reshape(B, T, -1, D).transpose(1, 2)  # noqa: E731
+    q, k, v = heads(x @ attn.c_q.weight.T), heads(x @ attn.c_k.weight.T), heads(x @ attn.c_v.weight.T)
+    k, v = k.repeat_interleave(H // k.size(1), dim=1), v.repeat_interleave(H // v.size(1), dim=1)
     q, k = naive_rope(q, theta), naive_rope(k, theta)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(D)
     scores = scores.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
@@ -60,9 +62,10 @@ def naive_forward(model, idx):
     return x @ model.transformer.wte.weight.T
 
 
-@pytest.mark.parametrize("attn_type,n_sinks", [("sa", 0), ("xsa", 0), ("sa", 2), ("xsa", 4)])
-def test_forward_matches_naive_reference(attn_type, n_sinks):
-    model = micro_model(attn_type=attn_type, n_sinks=n_sinks)
+@pytest.mark.parametrize("attn_type,n_sinks,n_kv_head", [("sa", 0, None), ("xsa", 0, None), ("sa", 2, None),
+                                                         ("xsa", 4, None), ("sa", 0, 2), ("xsa", 0, 2), ("xsa", 2, 1)])
+def test_forward_matches_naive_reference(attn_type, n_sinks, n_kv_head):
+    model = micro_model(attn_type=attn_type, n_sinks=n_sinks, n_head=4, head_dim=8, n_kv_head=n_kv_head)
     idx = torch.randint(0, 50257, (3, MICRO["block_size"]))
     logits, _ = model(idx)
     torch.testing.assert_close(logits, naive_forward(model, idx), rtol=1e-4, atol=1e-4)
@@ -209,8 +212,59 @@ def test_fast_xsa_matches_reference_value_and_gradient():
         torch.testing.assert_close(grads_fast[1].float(), v32.grad.float(), rtol=tol, atol=tol)
 
 
-def test_flops_per_token_matches_flop_counter():
-    model = micro_model(n_layer=2, n_head=2, head_dim=24, n_sinks=0)
+@pytest.mark.parametrize("n_kv_head", [2, 1])
+def test_gqa_xsa_broadcasts_to_the_repeat_reference_in_value_and_gradient(n_kv_head):
+    """Query head h is projected on value head h // (n_head / n_kv_head), as SDPA's GQA pairs them."""
+    torch.manual_seed(0)
+    y = torch.randn(2, 4, 16, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, n_kv_head, 16, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(exclude_self, (y, v))
+    g = torch.randn(2, 4, 16, 8, dtype=torch.float64)
+    (exclude_self(y, v) * g).sum().backward()
+    fast = (y.grad.clone(), v.grad.clone())
+    y.grad = v.grad = None
+    reference = exclude_self_reference(y, v.repeat_interleave(4 // n_kv_head, dim=1))
+    torch.testing.assert_close(exclude_self(y, v), reference)
+    (reference * g).sum().backward()
+    torch.testing.assert_close(fast[0], y.grad)
+    torch.testing.assert_close(fast[1], v.grad)
+
+
+def test_gqa_shrinks_only_the_key_and_value_projections():
+    c = dict(n_head=4, head_dim=8)
+    full, gqa, mqa = (micro_model(**c, n_kv_head=n).num_params() for n in (None, 2, 1))
+    kv_params = lambda n_kv: 2 * MICRO["n_layer"] * MICRO["n_embd"] * n_kv * 8  # noqa: E731
+    assert full - gqa == kv_params(4) - kv_params(2) and full - mqa == kv_params(4) - kv_params(1)
+    with pytest.raises(ValueError, match="n_head=4 must be a multiple of n_kv_head=3"):
+        GPTConfig(n_head=4, n_embd=32, n_kv_head=3)
+
+
+@pytest.mark.parametrize("xsa_layers,expected", [(1, ["sa", "xsa"]), (0, ["sa", "sa"]), ("0", ["xsa", "sa"]),
+                                                 ("1,0", ["xsa", "xsa"]), (None, ["xsa", "xsa"])])
+def test_xsa_layers_chooses_the_blocks_that_use_xsa(xsa_layers, expected):
+    model = micro_model(attn_type="xsa", xsa_layers=xsa_layers, xsa_gate=True)
+    assert [block.attn.attn_type for block in model.transformer.h] == expected
+    assert [block.attn.xsa_alpha is not None for block in model.transformer.h] == [t == "xsa" for t in expected]
+    with torch.no_grad():  # open the gates, so that XSA blocks really differ from SA
+        for block in model.transformer.h:
+            if block.attn.xsa_alpha is not None:
+                block.attn.xsa_alpha.fill_(50.0)
+    idx = torch.randint(0, 50257, (2, MICRO["block_size"]))
+    torch.testing.assert_close(model(idx)[0], naive_forward(model, idx), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("xsa_layers,message", [(3, "0 <= k <= n_layer=2"), ("0,2", "in 0..1"), ("1,1", "distinct"),
+                                                ("last", "expected the last k blocks")])
+def test_bad_xsa_layers_are_clear_errors(xsa_layers, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**{**MICRO, "attn_type": "xsa", "xsa_layers": xsa_layers})
+    with pytest.raises(ValueError, match="xsa_layers needs attn_type='xsa'"):
+        GPTConfig(**{**MICRO, "xsa_layers": 1})
+
+
+@pytest.mark.parametrize("n_kv_head", [None, 1])
+def test_flops_per_token_matches_flop_counter(n_kv_head):
+    model = micro_model(n_layer=2, n_head=2, head_dim=24, n_sinks=0, n_kv_head=n_kv_head)
     x = torch.randint(0, 50257, (2, MICRO["block_size"]))
     with FlopCounterMode(display=False) as counter:
         _, loss = model(x, x)
