@@ -25,6 +25,7 @@ from checkpoint import model_config
 from configurator import TRAIN_PY, ConfigError, load_config, parse_config, read_defaults
 from metrics import ThroughputMeter
 from model import GPT
+from optimizers import build_optimizer
 from runtime import autocast, enable_tf32, peak_flops, pick_device, resolve_dtype
 
 # bench-only settings, added to train.py's keys (every train.py key works here too)
@@ -72,8 +73,7 @@ class PeakMemory:
 def build(config, device):
     torch.manual_seed(config["seed"])
     model = GPT(model_config(config)).to(device)
-    optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
-                                           (config["beta1"], config["beta2"]), device.split(":")[0])
+    optimizer = build_optimizer(model, config, device.split(":")[0])
     step_model = torch.compile(model) if config["compile"] else model
     return model, step_model, optimizer
 

@@ -75,7 +75,7 @@ def prune_checkpoints(out_dir, keep, known_good):
     this run, or loaded by it): an unreadable checkpoint never counts as kept, so a readable one is
     never deleted in its favour."""
     good = [p for p in list_checkpoints(out_dir) if p in known_good]
-    if keep <= 0 or len(good) <= keep:
+    if keep <= 0 or len(good) < keep:
         return
     oldest_kept = checkpoint_step(good[-keep])
     for path in list_checkpoints(out_dir):
@@ -424,6 +424,10 @@ class Checkpointer:
         if path is None:
             return None, None
         check_architecture(state["config"], config, path)
+        saved_optimizer = state["config"].get("optimizer", "adamw")
+        if saved_optimizer != config["optimizer"]:  # its state would not fit this optimizer's
+            raise ValueError(f"checkpoint {path} was trained with optimizer={saved_optimizer!r}, not "
+                             f"{config['optimizer']!r}: resume it with --optimizer={saved_optimizer}")
         load_training_state(path, state, self.model, self.optimizer)  # either format, any parallelism
         self.loader.load_state_dict(state["loader"])
         states = state["rng"]

@@ -11,7 +11,6 @@ positions, a LayerNorm right after the token embedding, and a head width set
 independently of the model width.
 """
 
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -308,17 +307,6 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
-
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW; weight decay only on matrices (>= 2-D), not on norms, biases or XSA gates."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        extra = {"fused": True} if fused else {}
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):

@@ -59,7 +59,8 @@ dropout = 0.0  # dropout probability (pretraining: 0)
 # batch
 total_batch_size = 524_288  # tokens per optimizer step over all processes (paper: 256 x 2048)
 batch_size = 8  # sequences per process per micro-step; gradient accumulation makes up the rest
-# optimizer: AdamW, linear warmup, cosine decay to min_lr
+# optimizer: AdamW (or Muon for the hidden matrices, optimizers.py), linear warmup, cosine decay to min_lr
+optimizer = "adamw"  # "adamw" (the paper's), or "muon": Muon for the blocks' matrices, AdamW for the rest
 learning_rate = 6e-4  # peak learning rate
 max_iters = 200_000  # total optimizer steps
 warmup_iters = 2000  # steps of linear warmup from 0
@@ -69,6 +70,9 @@ weight_decay = 0.1  # AdamW weight decay on matrices (not norms, biases or gates
 beta1 = 0.9  # AdamW beta1
 beta2 = 0.95  # AdamW beta2
 grad_clip = 1.0  # clip the global gradient norm to this value; 0 disables clipping
+muon_learning_rate = None  # Muon's peak learning rate, on the same schedule; None means learning_rate
+muon_momentum = 0.95  # Muon's Nesterov momentum
+muon_adjust_lr = "match_rms_adamw"  # Muon's per-matrix LR rule: "match_rms_adamw" (AdamW's LR carries over) or "original"
 # system
 device = "auto"  # "auto" (cuda > mps > cpu), or e.g. "cpu", "cuda", "cuda:1"
 dtype = "auto"  # "auto" (bfloat16 on GPUs that support it, else float32), "float32", "bfloat16"
@@ -100,6 +104,7 @@ from configurator import ConfigError, load_config, read_defaults  # noqa: E402
 from dataloader import TrainLoader, val_sequences  # noqa: E402
 from metrics import MetricsLogger, ThroughputMeter, format_duration  # noqa: E402
 from model import GPT  # noqa: E402
+from optimizers import OPTIMIZERS, build_optimizer, set_hyperparameters  # noqa: E402
 from parallelize import ACTIVATION_CHECKPOINTING, PARALLELISMS, clip_grad_norm, gradient_sync, is_sharded, parallelize  # noqa: E402
 from runtime import (autocast, enable_tf32, peak_flops, peak_memory_gb, provenance,  # noqa: E402
                      resolve_dtype, setup_runtime, teardown_runtime)
@@ -132,10 +137,13 @@ def check_config(c):
     for key in non_negative:
         if c[key] is not None and c[key] < 0:
             raise ConfigError(f"{key} must not be negative, got {c[key]!r}")
-    for key in ("beta1", "beta2", "dropout"):
+    if c["muon_learning_rate"] is not None and c["muon_learning_rate"] <= 0:
+        raise ConfigError(f"muon_learning_rate must be positive, got {c['muon_learning_rate']!r}")
+    for key in ("beta1", "beta2", "dropout", "muon_momentum"):
         if not 0 <= c[key] < 1:
             raise ConfigError(f"{key} must be in [0, 1), got {c[key]!r}")
-    choices = {"init_from": ("scratch", "resume"), "parallelism": PARALLELISMS,
+    choices = {"init_from": ("scratch", "resume"), "parallelism": PARALLELISMS, "optimizer": OPTIMIZERS,
+               "muon_adjust_lr": ("match_rms_adamw", "original"),
                "activation_checkpointing": ACTIVATION_CHECKPOINTING,
                "dtype": ("auto", "float32", "bfloat16", "float16"), "backend": ("auto", "nccl", "gloo")}
     for key, allowed in choices.items():
@@ -158,14 +166,6 @@ def lr_at(step, c):
         return c["min_lr"]
     ratio = (step - c["warmup_iters"]) / (decay_iters - c["warmup_iters"])
     return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c["learning_rate"] - c["min_lr"])
-
-
-def apply_hyperparameters(optimizer, c):
-    """The config given now decides the optimizer's hyperparameters, also on resume (the learning rate is
-    set every step). A group decays if it holds matrices, whatever weight decay the checkpoint had."""
-    for group in optimizer.param_groups:
-        group["betas"] = (c["beta1"], c["beta2"])
-        group["weight_decay"] = c["weight_decay"] if all(p.dim() >= 2 for p in group["params"]) else 0.0
 
 
 @torch.no_grad()
@@ -242,8 +242,7 @@ def setup(c, runtime):
     model, train_model = parallelize(raw_model, runtime, dtype, parallelism=c["parallelism"], compile=c["compile"],
                                      activation_checkpointing=c["activation_checkpointing"],
                                      reshard_after_forward=c["reshard_after_forward"])
-    optimizer = raw_model.configure_optimizers(c["weight_decay"], c["learning_rate"],
-                                               (c["beta1"], c["beta2"]), runtime.device_type)
+    optimizer = build_optimizer(raw_model, c, runtime.device_type)
     checkpointer = Checkpointer(c["out_dir"], c["keep_checkpoints"], raw_model, optimizer, loader, runtime,
                                 sharded=is_sharded(raw_model))
     return Training(raw_model, model, train_model, optimizer, loader, val_x, val_y, checkpointer, dtype,
@@ -267,7 +266,7 @@ def resume(c, run, runtime, log):
     path, state = run.checkpointer.resume(c)
     if path is None:
         raise FileNotFoundError(f"init_from='resume' but no checkpoint in {c['out_dir']} is readable")
-    apply_hyperparameters(run.optimizer, c)
+    set_hyperparameters(run.optimizer, c)  # the config given now decides them, not the checkpoint
     if len(state["rng"]) != runtime.world_size:
         log.print(f"note: checkpoint has RNG states of {len(state['rng'])} ranks, resuming on {runtime.world_size}")
     saved = state["config"]
@@ -314,7 +313,7 @@ def train_loop(c, run, runtime, log, run_state, run_provenance):
         last_step = step == c["max_iters"]
         lr = lr_at(step, c)
         for group in run.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]  # Muon's groups may run at their own peak
 
         x, y = batch
         loss_sum = torch.zeros((), device=runtime.device)

@@ -12,7 +12,8 @@ the strategy), plus the planner's own below. With device "auto" it plans for CUD
 bf16 matmul inputs and outputs, an fp32 residual stream, LayerNorm outputs and loss.
 
 What is counted, per GPU (W processes, P parameters with the tied embedding once):
-  DDP:  parameters 4P, gradients 4P, AdamW 8P, DDP's gradient buckets 4P (W > 1), and under
+  DDP:  parameters 4P, gradients 4P, AdamW 8P (Muon: 4 bytes per hidden-matrix parameter, AdamW's
+        8 for the rest), DDP's gradient buckets 4P (W > 1), and under
         autocast the bf16 copies of the Linear weights that the backward keeps (2 bytes each)
   FSDP: 16P / W of sharded fp32 state; the gathered (bf16 on GPU) parameters of the root and of
         two blocks (current, prefetched), or of all blocks with reshard_after_forward=False; with
@@ -60,14 +61,16 @@ def parameter_counts(c):
     import torch
     from checkpoint import model_config
     from model import GPT
+    from optimizers import is_hidden_matrix
     with torch.device("meta"):
         model = GPT(model_config(c))
     block = model.transformer.h[0]
     linear = lambda m: sum(x.weight.numel() for x in m.modules() if isinstance(x, torch.nn.Linear))  # noqa: E731
     total = sum(p.numel() for p in model.parameters())
     per_block = sum(p.numel() for p in block.parameters())
+    hidden = sum(p.numel() for n, p in model.named_parameters() if is_hidden_matrix(n, p))
     return {"total": total, "block": per_block, "root": total - c["n_layer"] * per_block,
-            "linear": linear(model), "block_linear": linear(block)}
+            "linear": linear(model), "block_linear": linear(block), "hidden_matrices": hidden}
 
 
 def plan_target(c, measuring=False):
@@ -99,7 +102,12 @@ def plan(c, world_size, device_type="cuda", dtype="bfloat16", counts=None):
     grad_accum = max(1, c["total_batch_size"] // tokens_per_micro_step)
     n_ckpt = len(checkpointed_blocks(L, c["activation_checkpointing"]))
 
-    parts = {"parameters (fp32)": 4 * P / W, "gradients (fp32)": 4 * P / W, "AdamW states (fp32)": 8 * P / W}
+    parts = {"parameters (fp32)": 4 * P / W, "gradients (fp32)": 4 * P / W}
+    if c["optimizer"] == "muon":  # one momentum buffer per hidden matrix, AdamW's two for the rest
+        M = n["hidden_matrices"]
+        parts["Muon momentum + AdamW states (fp32)"] = (4 * M + 8 * (P - M)) / W
+    else:
+        parts["AdamW states (fp32)"] = 8 * P / W
     if fsdp:
         in_flight = n["root"] + min(2, L) * n["block"] if c["reshard_after_forward"] else P
         parts[f"gathered parameters ({'bf16' if gathered == 2 else 'fp32'})"] = gathered * in_flight
@@ -153,6 +161,7 @@ def measure_peak(c):
     import torch
     from checkpoint import model_config
     from model import GPT
+    from optimizers import build_optimizer
     from parallelize import apply_activation_checkpointing
     from runtime import autocast, pick_device
     device = pick_device(c["device"])
@@ -169,11 +178,10 @@ def measure_peak(c):
     def setup(config):
         model = GPT(model_config(config)).to(device)
         apply_activation_checkpointing(model, config["activation_checkpointing"])
-        optimizer = model.configure_optimizers(config["weight_decay"], config["learning_rate"],
-                                               (config["beta1"], config["beta2"]), device_type)
+        optimizer = build_optimizer(model, config, device_type)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
-        optimizer.step()  # creates AdamW's states; the gradients stay, as between micro-steps
+        optimizer.step()  # creates the optimizer's states; the gradients stay, as between micro-steps
         return model, optimizer
 
     def step(model, batch_size):

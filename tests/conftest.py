@@ -61,6 +61,13 @@ def micro_args(data_dir, out_dir, **overrides):
     return [f"--{k}={v}" for k, v in settings.items()]
 
 
+def make_optimizer(model, **overrides):
+    """The optimizer train.py would build for model on the CPU, with train.py's defaults and overrides."""
+    from configurator import read_defaults
+    from optimizers import build_optimizer
+    return build_optimizer(model, {**read_defaults()[0], **overrides}, "cpu")
+
+
 def run_train(args, nproc=1, check=True, timeout=600, env=None):
     """Run train.py (or torchrun with nproc processes) from the repo root; returns CompletedProcess."""
     import subprocess

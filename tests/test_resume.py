@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from checkpoint import list_checkpoints, load_latest_checkpoint, prune_checkpoints, save_checkpoint
-from conftest import REPO, micro_args, run_train
+from conftest import REPO, make_optimizer, micro_args, run_train
 from metrics import read_metrics
 
 # dropout makes every step draw random numbers, so a lost RNG state would show in the losses
@@ -293,7 +293,7 @@ def test_checkpointer_refuses_to_save_a_non_finite_state(tmp_path):
     from model import GPT, GPTConfig
     from runtime import Runtime
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))
-    optimizer = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), "cpu")
+    optimizer = make_optimizer(model)
     checkpointer = Checkpointer(str(tmp_path), 2, model, optimizer, loader=None,
                                 runtime=Runtime(0, 0, 1, "cpu", "cpu", False), sharded=False)
     info = {"config": {}, "wandb_run_id": "x", "best_val_loss": 1.0, "provenance": {}}
@@ -340,3 +340,19 @@ def test_samples_are_logged_and_do_not_change_training(data_dir, tmp_path, unint
     samples = re.findall(r"^step (\d+) sample: (.+)$", proc.stdout, re.M)
     assert [int(step) for step, _ in samples] == [4, 8] and all(len(text) > 2 for _, text in samples)
     assert losses(out) == losses(uninterrupted["sa"])  # sampling draws from its own generator
+
+
+def test_muon_run_resumes_exactly_and_keeps_its_own_learning_rate(data_dir, tmp_path):
+    muon = dict(RESUME, optimizer="muon", attn_type="xsa", muon_adjust_lr="original", muon_learning_rate=0.02)
+    full, out = str(tmp_path / "full"), str(tmp_path / "run")
+    run_train(micro_args(data_dir, full, **muon))
+    run_train(micro_args(data_dir, out, **{**muon, "max_iters": 4}))
+    run_train(micro_args(data_dir, out, init_from="resume", **muon))
+    assert losses(out) == losses(full)
+    state = torch.load(list_checkpoints(out)[-1], weights_only=True)
+    lrs = {g["algorithm"]: g["lr"] for g in state["optimizer"]["param_groups"]}
+    last_lr = read_metrics(os.path.join(out, "metrics.jsonl"))[-1]["lr"]  # the schedule's (AdamW's)
+    assert lrs["adamw"] == pytest.approx(last_lr) and lrs["muon"] == pytest.approx(last_lr * 0.02 / 3e-3)
+    proc = run_train(micro_args(data_dir, out, init_from="resume", **{**muon, "optimizer": "adamw",
+                                                                      "max_iters": 10}), check=False)
+    assert proc.returncode == 3 and "was trained with optimizer='muon'" in proc.stderr

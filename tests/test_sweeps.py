@@ -14,8 +14,9 @@ import pytest
 from conftest import REPO, micro_args
 from metrics import read_metrics
 
-SCRIPTS = ["sweep_lr.sh", "sweep_seqlen.sh", "sweep_sinks.sh", "sweep_sizes.sh", "small_study.sh"]
-SWEEP_ENV = ("NPROC", "GPUS", "SEEDS", "OUT_ROOT", "DRY_RUN", "PYTHON", "SIZE", "SIZES", "LRS", "LENGTHS",
+SCRIPTS = ["sweep_lr.sh", "sweep_seqlen.sh", "sweep_sinks.sh", "sweep_sizes.sh", "sweep_optimizer.sh",
+           "small_study.sh"]
+SWEEP_ENV = ("NPROC", "GPUS", "SEEDS", "OUT_ROOT", "DRY_RUN", "PYTHON", "SIZE", "SIZES", "LRS", "LENGTHS", "OPTIMIZERS",
              "SINKS", "TOTAL_BATCH_SIZE", "TOKENS_PER_MICRO", "DATA_DIR", "INPUT", "MAX_TOKENS",
              "CUDA_VISIBLE_DEVICES")
 PAPER_TOKENS_PER_STEP = 524_288
@@ -154,6 +155,22 @@ def test_dry_run_checks_override_keys_and_values_before_printing_any_run(tmp_pat
 def test_seqlen_sweep_refuses_a_process_count_that_cannot_make_whole_micro_steps(tmp_path):
     proc = run_sweep("sweep_seqlen.sh", check=False, DRY_RUN="1", OUT_ROOT=str(tmp_path), NPROC="3")
     assert proc.returncode == 2 and "not a multiple" in proc.stderr
+
+
+def test_optimizer_sweep_runs_sa_and_xsa_with_adamw_and_muon(tmp_path):
+    out_root = str(tmp_path)
+    commands = dry_run("sweep_optimizer.sh", "--muon_adjust_lr=original", "--muon_learning_rate=0.02",
+                       OUT_ROOT=out_root)
+    seen = set()
+    for cmd in commands:
+        attn, optimizer = os.path.basename(cmd["config"]).split("_")[0], cmd["overrides"]["optimizer"]
+        assert cmd["config"] == f"config/{attn}_1p4b.py"
+        check_names(cmd, out_root, "sweep_optimizer", f"{attn}_1p4b_{optimizer}", "sweep_optimizer_1p4b")
+        assert cmd["overrides"]["muon_learning_rate"] == "0.02"  # passed through to every run
+        seen.add((attn, optimizer))
+    assert seen == {(a, o) for a in ("sa", "xsa") for o in ("adamw", "muon")} and len(commands) == 4
+    proc = run_sweep("sweep_optimizer.sh", "--optimizer=muon", check=False, DRY_RUN="1", OUT_ROOT=out_root)
+    assert proc.returncode == 2 and "sets --optimizer itself" in proc.stderr
 
 
 def test_sinks_sweep_runs_0_1_and_4_sinks_at_1p4b(tmp_path):
