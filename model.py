@@ -8,7 +8,8 @@ so a head can only pass on information from the *other* tokens. No new parameter
 
 The architecture is nanoGPT with the paper's three changes: RoPE instead of learned
 positions, a LayerNorm right after the token embedding, and a head width set
-independently of the model width.
+independently of the model width. Beyond the paper: gated XSA, learned attention sinks,
+grouped-query attention (n_kv_head) and XSA in some blocks only (xsa_layers).
 """
 
 import math
