@@ -390,15 +390,22 @@ def test_killed_the_moment_each_shard_appears_resumes_to_identical_shards(docs, 
     assert leftover_temp_files(out_dir) == []
 
 
-def test_killed_before_the_manifest_caught_up_resumes_to_identical_shards(prepared, parquet_file, tmp_path):
-    """The states a kill can leave: a shard renamed into place but not yet in the manifest (kept
-    as it is, not written again), and the temp files of a shard and of a manifest being written."""
+def copy_with_manifest_cut_to_4_shards(prepared, tmp_path):
+    """A copy of a prepared directory whose manifest lists only its first 4 shards, as if the run
+    had been killed before recording the rest."""
     out_dir = copy_of(prepared, tmp_path)
     manifest = read_manifest(out_dir)
     manifest["shards"], manifest["complete"] = manifest["shards"][:4], False
     del manifest["documents"], manifest["tokens"]
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f)
+    return out_dir
+
+
+def test_killed_before_the_manifest_caught_up_resumes_to_identical_shards(prepared, parquet_file, tmp_path):
+    """The states a kill can leave: a shard renamed into place but not yet in the manifest (kept
+    as it is, not written again), and the temp files of a shard and of a manifest being written."""
+    out_dir = copy_with_manifest_cut_to_4_shards(prepared, tmp_path)
     for name in os.listdir(out_dir):
         if name.startswith("fineweb_train_") and int(name[-10:-4]) > 4:  # shard 4 exists, 5.. not yet
             os.remove(os.path.join(out_dir, name))
@@ -416,12 +423,7 @@ def test_killed_before_the_manifest_caught_up_resumes_to_identical_shards(prepar
 
 def test_an_unlisted_shard_that_differs_is_written_again(prepared, parquet_file, tmp_path):
     """A shard beyond the manifest is kept only if it is byte for byte the one the rerun makes."""
-    out_dir = copy_of(prepared, tmp_path)
-    manifest = read_manifest(out_dir)
-    manifest["shards"], manifest["complete"] = manifest["shards"][:4], False
-    del manifest["documents"], manifest["tokens"]
-    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
-        json.dump(manifest, f)
+    out_dir = copy_with_manifest_cut_to_4_shards(prepared, tmp_path)
     stale = os.path.join(out_dir, "fineweb_train_000004.bin")
     tokens = read_shard(stale).copy()
     tokens[-1] ^= 1
