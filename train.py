@@ -11,6 +11,7 @@ Continue an interrupted (or finished, with a larger max_iters) run:
     torchrun --standalone --nproc_per_node=8 train.py config/xsa_2p7b.py --init_from=resume
 """
 
+import errno
 import json
 import math
 import os
@@ -455,6 +456,11 @@ def main():
         status = EXIT_CONFIG_ERROR
     except (TrainingStopped, ValueError, FileNotFoundError, PermissionError, NotADirectoryError) as e:
         print(f"[rank {runtime.rank}] error: {e}", file=sys.stderr, flush=True)
+        status = EXIT_STOPPED
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS):  # a full or read-only disk
+            raise  # possibly passing (a network filesystem): a relaunch may get past it
+        print(f"[rank {runtime.rank}] error: {e} (in {c['out_dir']})", file=sys.stderr, flush=True)
         status = EXIT_STOPPED
     finally:
         log.finish()
