@@ -220,7 +220,9 @@ def save_sharded_checkpoint(model, optimizer, state, out_dir, step):
 
 def check_shards(path, shard_checksums=None):
     """Raise if a sharded checkpoint's metadata is unreadable, one of its shard files is missing or
-    shorter than the metadata says (a truncated write), or does not match its checksum."""
+    shorter than the metadata says (a truncated write), or does not match its checksum. Under
+    torchrun each process reads every world_size-th shard file for its checksum, not all of them
+    (load_latest_checkpoint makes the processes agree)."""
     metadata = dcp.FileSystemReader(path).read_metadata()
     sizes = {}
     for info in metadata.storage_data.values():
@@ -229,7 +231,8 @@ def check_shards(path, shard_checksums=None):
         have = os.path.getsize(os.path.join(path, name))  # FileNotFoundError if missing
         if have < size:
             raise ValueError(f"shard {name} holds {have} bytes, the metadata expects at least {size}")
-    for name, crc in (shard_checksums or {}).items():
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    for name, crc in sorted((shard_checksums or {}).items())[rank::world_size]:
         if file_crc32(os.path.join(path, name)) != crc:
             raise CorruptCheckpoint(f"{path}: shard file {name} does not match its checksum (corrupted on disk)")
 
@@ -251,12 +254,21 @@ def load_checkpoint_file(path, map_location="cpu"):
 
 def load_latest_checkpoint(out_dir, map_location="cpu"):
     """The newest checkpoint in out_dir that loads, skipping (with a warning naming it) any that
-    is truncated or corrupt. Returns (path, state), or (None, None) if there is none."""
+    is truncated or corrupt. Returns (path, state), or (None, None) if there is none. Under torchrun
+    every process calls it, and all take the same checkpoint: one that every process could read."""
     for path in reversed(list_checkpoints(out_dir)):
+        state, error = None, None
         try:
-            return path, load_checkpoint_file(path, map_location)
+            state = load_checkpoint_file(path, map_location)
         except Exception as e:  # truncated zip, bad pickle, missing shard, ...: fall back to the previous one
-            warnings.warn(f"skipping unreadable checkpoint {path}: {type(e).__name__}: {e}")
+            error = f"{type(e).__name__}: {e}"
+        if dist.is_initialized():
+            failed = [None] * dist.get_world_size()
+            dist.all_gather_object(failed, error)
+            error = error or next((f"on rank {r}: {e}" for r, e in enumerate(failed) if e), None)
+        if error is None:
+            return path, state
+        warnings.warn(f"skipping unreadable checkpoint {path}: {error}")
     return None, None
 
 

@@ -139,6 +139,22 @@ def test_truncated_sharded_checkpoint_falls_back_to_previous(tmp_path, fsdp_runs
     assert os.path.basename(path) == "ckpt_0000004" and state["step"] == 4
 
 
+def test_corrupted_shard_is_found_by_the_process_checking_it_and_all_fall_back(data_dir, tmp_path, one_process,
+                                                                               fsdp_runs):
+    """Two processes share the checksum work (rank 1 reads __1_0.distcp); the one that finds the
+    corruption makes both resume from the previous checkpoint."""
+    out = str(tmp_path / "run")
+    shutil.copytree(fsdp_runs["sa"], out)
+    shard = os.path.join(out, "ckpt_0000006", "__1_0.distcp")
+    with open(shard, "r+b") as f:  # same size, other bytes: only the checksum can tell
+        f.seek(os.path.getsize(shard) // 2)
+        f.write(b"\xff" * 64)
+    proc = run_train(micro_args(data_dir, out, init_from="resume", **RUN, **FSDP["sa"]), nproc=2)
+    assert "skipping unreadable checkpoint" in proc.stderr and "__1_0.distcp does not match its checksum" in proc.stderr
+    assert "at step 4" in proc.stdout
+    assert_same_training(out, one_process["sa"], steps=range(1, 7), rel=1e-5)
+
+
 def test_failed_sharded_checkpoint_write_leaves_previous_intact(tmp_path, monkeypatch):
     """Also: a sharded checkpoint written and read by one process, without a process group."""
     import errno
