@@ -1,24 +1,27 @@
 """
-SA against XSA from the run directories alone (metrics.jsonl and config.json; no wandb account):
-a PNG of the train and validation loss curves and a markdown table of the final validation losses
-and the XSA - SA differences.
+SA against the other attention variants (XSA, gated XSA, ...) from the run directories alone
+(metrics.jsonl and config.json; no wandb account): a PNG of the train and validation loss curves and
+a markdown table of the final validation losses and each variant's difference from SA.
 
-    python eval/compare.py out/sweep_lr/*                          # writes compare.png, compare.md
-    python eval/compare.py 'out/small_study/*' --out out/small_study/compare --smooth 0.9
-    python eval/compare.py out/sweep_seqlen                        # a directory of run directories
+    python eval/compare.py out/sweep_lr/*                          # writes out/eval/compare.png, compare.md
+    python eval/compare.py 'out/small_study/*' --out out/small_study --smooth 0.9
+    python eval/compare.py out/sweep_seqlen --out out/sweep_seqlen  # a directory of run directories
 
-A *setting* is a run's resolved config without attn_type, seed and the keys that only say where
-and how a run was logged (out_dir, wandb names, init_from, ...): SA and XSA runs of one setting
-are compared, and within a setting an SA and an XSA run with the same seed form a pair (same
-initialisation seed, same batches). Each pair is compared at the last step both evaluated. With
-several pairs the table gives the mean, the standard deviation and a 95% confidence interval
-(Student t) of the paired difference.
+train.py declares the key groups used here. A run's *variant* is its VARIANT_KEYS (attn_type,
+xsa_gate, xsa_layers: "sa", "xsa", "xsa+gate", "xsa+layers=4"); a run whose config predates a variant
+key has that key's default (no xsa_gate: plain XSA).
+A *setting* is a run's resolved config without the variant keys, the PAIRING_KEYS (seed, data_seed)
+and the BOOKKEEPING_KEYS (where and how a run was logged: out_dir, wandb names, init_from, ...).
+Within a setting SA is the baseline, and every other variant is compared with it: a run of that
+variant and an SA run with the same seeds form a pair (same initialisation, same batches). Each pair
+is compared at the last step both evaluated. With several pairs the table gives the mean, the
+standard deviation and a 95% confidence interval (Student t) of the paired difference.
 
-In the plot a setting has one colour: SA dashed, XSA solid; several seeds are drawn thin with
-their mean bold. A third panel shows the paired XSA - SA validation-loss difference over training.
+In the plot a setting has one colour and a variant one line style (SA dashed, XSA solid, gated XSA
+dotted); several seeds are drawn thin with their mean bold. A third panel shows each variant's
+paired validation-loss difference from SA over training.
 """
 
-import argparse
 import glob
 import json
 import math
@@ -29,15 +32,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from configurator import read_defaults  # noqa: E402
+from eval import common  # noqa: E402
 from metrics import read_metrics  # noqa: E402
 
-# keys that say where and how a run was logged, launched or parallelised, not what was trained
-BOOKKEEPING_KEYS = {"out_dir", "wandb_log", "wandb_project", "wandb_group", "wandb_run_name", "init_from",
-                    "log_interval", "checkpoint_interval", "keep_checkpoints", "skip_nonfinite_steps",
-                    "device", "compile", "backend", "parallelism", "reshard_after_forward",
-                    "activation_checkpointing"}
-# what a comparison varies within a setting: the attention, and the seed that pairs SA with XSA
-PAIRING_KEYS = {"attn_type", "seed", "data_seed"}
+DEFAULTS, KEY_GROUPS = read_defaults()  # train.py's config defaults and key groups, read from its source
+VARIANT_KEYS = KEY_GROUPS["VARIANT_KEYS"]
+PAIRING_KEYS = KEY_GROUPS["PAIRING_KEYS"]
+BOOKKEEPING_KEYS = KEY_GROUPS["BOOKKEEPING_KEYS"]
+BASELINE = tuple(DEFAULTS[k] for k in VARIANT_KEYS)  # train.py's default attention: SA
 
 
 # -----------------------------------------------------------------------------
@@ -117,7 +120,8 @@ class Run:
             info = json.load(f)
         self.config = info.get("config", info)
         self.name = self.config.get("wandb_run_name") or os.path.basename(os.path.normpath(path))
-        self.attn_type = self.config.get("attn_type", "sa")
+        # a key that the run's train.py did not have yet has its default (no xsa_gate: plain XSA)
+        self.variant = tuple(self.config.get(k, DEFAULTS[k]) for k in VARIANT_KEYS)
         self.seed = self.config.get("seed")
         by_step = {r["step"]: r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "step" in r}
         self.records = [by_step[s] for s in sorted(by_step)]  # a resumed run's last record per step wins
@@ -135,6 +139,20 @@ class Run:
     def setting_key(self, keys):
         """The run's values of the given config keys, hashable."""
         return tuple((k, repr(self.config[k])) for k in sorted(keys))
+
+    @property
+    def label(self):
+        return variant_label(self.variant)
+
+
+def variant_label(variant):
+    """'sa', 'xsa', 'xsa+gate', 'xsa+layers=4': the attn_type, then each other variant key not at its
+    default, named without the attn_type prefix (xsa_gate=True: '+gate', xsa_layers=4: '+layers=4')."""
+    values = dict(zip(VARIANT_KEYS, variant))
+    attn_type = values.pop("attn_type")
+    extras = [k.removeprefix(f"{attn_type}_") + ("" if v is True else f"={v}")
+              for k, v in values.items() if v != DEFAULTS[k]]
+    return "+".join([attn_type, *extras])
 
 
 def find_runs(patterns):
@@ -165,18 +183,19 @@ def find_runs(patterns):
 
 
 def short_name(run):
-    """The run name without its sa_/xsa_ prefix and _seed<N> suffix: 'sa_1p4b_lr1e-4_seed2' -> '1p4b_lr1e-4'."""
-    return re.sub(r"_seed\d+$", "", re.sub(r"^x?sa_", "", run.name))
+    """The run name without its variant prefix (sa_, xsa_, xsa_gate_) and _seed<N> suffix:
+    'sa_1p4b_lr1e-4_seed2' -> '1p4b_lr1e-4'."""
+    return re.sub(r"_seed\d+$", "", re.sub(r"^x?sa_(gated?_)?", "", run.name))
 
 
 def setting_keys(runs):
-    """The config keys that tell settings apart: all but the pairing and bookkeeping keys, and only
-    those every run has (runs made by different versions of train.py may lack newer keys).
+    """The config keys that tell settings apart: all but the variant, pairing and bookkeeping keys,
+    and only those every run has (runs made by different versions of train.py may lack newer keys).
     Returns (keys, keys left out because some runs lack them)."""
-    common = set.intersection(*(set(r.config) for r in runs))
+    shared = set.intersection(*(set(r.config) for r in runs))
     every = set.union(*(set(r.config) for r in runs))
-    ignored = BOOKKEEPING_KEYS | PAIRING_KEYS
-    return common - ignored, sorted(every - common - ignored)
+    ignored = set(VARIANT_KEYS) | set(PAIRING_KEYS) | set(BOOKKEEPING_KEYS)
+    return shared - ignored, sorted(every - shared - ignored)
 
 
 def group_settings(runs):
@@ -196,27 +215,27 @@ def group_settings(runs):
     return [(label, settings[key]) for label, key in zip(labels, keys)]
 
 
-def pairs_by_seed(runs):
-    """{seed: (sa_run, xsa_run)} for the seeds that have both, and a list of warnings."""
-    by_attn, warnings = {"sa": {}, "xsa": {}}, []
+def runs_by_variant(runs):
+    """{variant: {pairing values: run}} and a list of warnings. The pairing values are those of the
+    PAIRING_KEYS that every run has (runs made by an older train.py may lack data_seed)."""
+    keys = [k for k in PAIRING_KEYS if all(k in r.config for r in runs)]
+    by_variant, warnings = {}, []
     for run in runs:
-        if run.attn_type not in by_attn:
+        pairing = tuple(run.config[k] for k in keys)
+        same = by_variant.setdefault(run.variant, {})
+        if pairing in same:
+            warnings.append(f"{run.path}: a second {run.label} run with seed {run.seed}; using {same[pairing].path}")
             continue
-        if run.seed in by_attn[run.attn_type]:
-            warnings.append(f"{run.path}: a second {run.attn_type} run with seed {run.seed}; "
-                            f"using {by_attn[run.attn_type][run.seed].path}")
-            continue
-        by_attn[run.attn_type][run.seed] = run
-    seeds = sorted(set(by_attn["sa"]) & set(by_attn["xsa"]), key=repr)
-    return {s: (by_attn["sa"][s], by_attn["xsa"][s]) for s in seeds}, warnings
+        same[pairing] = run
+    return by_variant, warnings
 
 
-def paired_final_val(sa, xsa):
-    """(step, sa_val, xsa_val) at the last step both runs evaluated, or None."""
+def paired_final_val(sa, other):
+    """(step, sa_val, other_val) at the last step both runs evaluated, or None."""
     sa_vals = dict(zip(*sa.curve("val_loss")))
-    xsa_vals = dict(zip(*xsa.curve("val_loss")))
-    common = sorted(set(sa_vals) & set(xsa_vals))
-    return (common[-1], sa_vals[common[-1]], xsa_vals[common[-1]]) if common else None
+    other_vals = dict(zip(*other.curve("val_loss")))
+    both = sorted(set(sa_vals) & set(other_vals))
+    return (both[-1], sa_vals[both[-1]], other_vals[both[-1]]) if both else None
 
 
 # -----------------------------------------------------------------------------
@@ -228,53 +247,66 @@ def fmt(x, signed=False):
 
 
 def comparison(settings):
-    """Per setting: the pairs' numbers and statistics (the content of the second table)."""
-    rows, warnings = [], []
+    """One row per setting and variant other than SA: that variant's pairs with SA and the numbers and
+    statistics of the second table (a setting with SA runs alone gets one row, variant None). Also
+    returns the runs in no pair, and warnings."""
+    rows, unpaired, warnings = [], [], []
     for label, runs in settings:
-        pairs, w = pairs_by_seed(runs)
+        by_variant, w = runs_by_variant(runs)
         warnings += w
-        compared = {s: paired_final_val(sa, xsa) for s, (sa, xsa) in pairs.items()}
-        compared = {s: v for s, v in compared.items() if v is not None}
-        paired = {id(r) for pair in pairs.values() for r in pair}
-        row = {"setting": label, "pairs": pairs, "seeds": list(compared),
-               "steps": sorted({v[0] for v in compared.values()}),
-               "unpaired": [r.name for r in runs if id(r) not in paired]}
-        if compared:
-            diffs = [x - s for _, s, x in compared.values()]
-            row.update(sa=statistics.fmean(v[1] for v in compared.values()),
-                       xsa=statistics.fmean(v[2] for v in compared.values()),
-                       stats=paired_stats(diffs), xsa_lower=sum(d < 0 for d in diffs))
-        rows.append(row)
-    return rows, warnings
+        baseline = by_variant.get(BASELINE, {})
+        others = sorted((v for v in by_variant if v != BASELINE), key=variant_label)
+        paired = set()
+        for variant in others:
+            pairs = {key: (baseline[key], run) for key, run in by_variant[variant].items() if key in baseline}
+            paired.update(id(r) for pair in pairs.values() for r in pair)
+            compared = [v for v in (paired_final_val(sa, other) for sa, other in pairs.values()) if v is not None]
+            row = {"setting": label, "variant": variant, "pairs": pairs, "n": len(compared),
+                   "steps": sorted({step for step, _, _ in compared})}
+            if compared:
+                diffs = [other - sa for _, sa, other in compared]
+                row.update(sa=statistics.fmean(sa for _, sa, _ in compared),
+                           other=statistics.fmean(other for _, _, other in compared),
+                           stats=paired_stats(diffs), lower=sum(d < 0 for d in diffs))
+            rows.append(row)
+        if not others:
+            rows.append({"setting": label, "variant": None, "pairs": {}, "n": 0, "steps": []})
+        unpaired += [r.name for r in runs if id(r) not in paired]
+    return rows, unpaired, warnings
 
 
-def markdown(runs, settings, rows, warnings):
-    lines = [f"## SA vs XSA: {len(runs)} runs, {len(settings)} setting{'s' * (len(settings) != 1)}", "",
+def markdown(runs, settings, rows, unpaired, warnings):
+    others = sorted({r.label for r in runs if r.variant != BASELINE})
+    title = f"SA vs {', '.join(others)}" if others else "SA only"
+    lines = [f"## {title}: {len(runs)} runs, {len(settings)} setting{'s' * (len(settings) != 1)}", "",
              "Final validation loss of each run (its last evaluation):", "",
-             "| run | setting | attn | seed | step | val loss |", "|---|---|---|---|---|---|"]
+             "| run | setting | variant | seed | step | val loss |", "|---|---|---|---|---|---|"]
     for label, setting_runs in settings:
         for run in setting_runs:
             step, val = run.final_val()
-            lines.append(f"| {run.name} | {label} | {run.attn_type} | {run.seed} | {step if step else '–'} "
+            lines.append(f"| {run.name} | {label} | {run.label} | {run.seed} | {step if step else '–'} "
                          f"| {fmt(val)} |")
-    lines += ["", "XSA − SA in validation loss per setting (negative: XSA better), pairs matched by seed and "
-              "compared at the last step both evaluated; std and the 95% confidence interval (Student t) "
-              "are over the pairs:", "",
-              "| setting | pairs | step | SA | XSA | XSA − SA | std | 95% CI | XSA lower |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "Each variant − SA in validation loss per setting (negative: the variant is better), pairs "
+              "matched by seed and compared at the last step both evaluated; std and the 95% confidence "
+              "interval (Student t) are over the pairs:", "",
+              "| setting | variant | pairs | step | SA loss | variant loss | variant − SA | std | 95% CI "
+              "| variant lower |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        if not row["seeds"]:
-            lines.append(f"| {row['setting']} | 0 | – | – | – | – | – | – | no SA/XSA pair |")
+        variant = "–" if row["variant"] is None else variant_label(row["variant"])
+        if not row["n"]:
+            why = "SA runs only" if row["variant"] is None else "no pair with SA"
+            lines.append(f"| {row['setting']} | {variant} | 0 | – | – | – | – | – | – | {why} |")
             continue
         st = row["stats"]
         steps = "/".join(str(s) for s in row["steps"])
         ci = "–" if st["ci"] is None else f"[{st['ci'][0]:+.4f}, {st['ci'][1]:+.4f}]"
-        lines.append(f"| {row['setting']} | {st['n']} | {steps} | {fmt(row['sa'])} | {fmt(row['xsa'])} "
-                     f"| {fmt(st['mean'], signed=True)} | {fmt(st['std'])} | {ci} "
-                     f"| {row['xsa_lower']}/{st['n']} |")
-    unpaired = [name for row in rows for name in row["unpaired"]]
+        lines.append(f"| {row['setting']} | {variant} | {st['n']} | {steps} | {fmt(row['sa'])} "
+                     f"| {fmt(row['other'])} | {fmt(st['mean'], signed=True)} | {fmt(st['std'])} | {ci} "
+                     f"| {row['lower']}/{st['n']} |")
     if unpaired:
-        lines += ["", f"Runs without a partner of the other attention and the same seed: {', '.join(unpaired)}."]
+        lines += ["", f"Runs without a partner of the same setting and seed (SA for a variant, a variant for SA): "
+                      f"{', '.join(unpaired)}."]
     _, partial = setting_keys(runs)
     if partial:
         lines += ["", f"Not compared because only some runs' configs have them (other train.py versions): "
@@ -316,29 +348,38 @@ def loss_range(curves, skip=0.05):
     return min(late) - pad, max(late) + pad
 
 
+def line_styles(runs):
+    """{variant: matplotlib line style}: SA dashed, then solid, dotted, dash-dotted in label order."""
+    others = sorted({r.variant for r in runs if r.variant != BASELINE}, key=variant_label)
+    styles = {BASELINE: "--"}
+    styles.update((v, ("-", ":", "-.")[i % 3]) for i, v in enumerate(others))
+    return styles
+
+
 def plot(settings, rows, path, smooth=0.0, ylim=None):
-    """Train loss, validation loss and the paired validation difference, one colour per setting."""
+    """Train loss, validation loss and the paired validation difference from SA, one colour per
+    setting and one line style per variant."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
     fig, (ax_train, ax_val, ax_diff) = plt.subplots(1, 3, figsize=(17, 5))
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    styles = {"sa": "--", "xsa": "-"}
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours = {label: palette[i % len(palette)] for i, (label, _) in enumerate(settings)}
+    styles = line_styles([r for _, runs in settings for r in runs])
     for ax, key, title in ((ax_train, "train_loss", "train loss" + (f" (EMA {smooth})" if smooth else "")),
                            (ax_val, "val_loss", "validation loss")):
         drawn = []
-        for i, (label, runs) in enumerate(settings):
-            colour = colours[i % len(colours)]
-            for attn in ("sa", "xsa"):
-                curves = [r.curve(key) for r in runs if r.attn_type == attn]
+        for label, runs in settings:
+            for variant, style in styles.items():
+                curves = [r.curve(key) for r in runs if r.variant == variant]
                 curves = [(s, ema(v, smooth) if key == "train_loss" else v) for s, v in curves if s]
                 for s, v in curves:
-                    ax.plot(s, v, styles[attn], color=colour, lw=0.8 if len(curves) > 1 else 1.5,
+                    ax.plot(s, v, style, color=colours[label], lw=0.8 if len(curves) > 1 else 1.5,
                             alpha=0.35 if len(curves) > 1 else 1.0)
                 if len(curves) > 1:
-                    ax.plot(*mean_curve(curves), styles[attn], color=colour, lw=1.8)
+                    ax.plot(*mean_curve(curves), style, color=colours[label], lw=1.8)
                 drawn += curves
         ax.set(title=title, xlabel="step", ylabel="loss")
         ylim_here = ylim or loss_range(drawn)
@@ -346,26 +387,25 @@ def plot(settings, rows, path, smooth=0.0, ylim=None):
             ax.set_ylim(*ylim_here)
         ax.grid(alpha=0.3)
 
-    for i, row in enumerate(rows):
+    for row in rows:
         diffs = []
-        for sa, xsa in row["pairs"].values():
-            sa_vals, xsa_vals = dict(zip(*sa.curve("val_loss"))), dict(zip(*xsa.curve("val_loss")))
-            steps = sorted(set(sa_vals) & set(xsa_vals))
+        for sa, other in row["pairs"].values():
+            sa_vals, other_vals = dict(zip(*sa.curve("val_loss"))), dict(zip(*other.curve("val_loss")))
+            steps = sorted(set(sa_vals) & set(other_vals))
             if steps:
-                diffs.append((steps, [xsa_vals[s] - sa_vals[s] for s in steps]))
-        colour = colours[i % len(colours)]
+                diffs.append((steps, [other_vals[s] - sa_vals[s] for s in steps]))
+        colour, style = colours[row["setting"]], styles.get(row["variant"], "-")
         for s, d in diffs:
-            ax_diff.plot(s, d, "-o", color=colour, ms=2, lw=0.8 if len(diffs) > 1 else 1.5,
+            ax_diff.plot(s, d, style, marker="o", color=colour, ms=2, lw=0.8 if len(diffs) > 1 else 1.5,
                          alpha=0.35 if len(diffs) > 1 else 1.0)
         if len(diffs) > 1:
-            ax_diff.plot(*mean_curve(diffs), "-", color=colour, lw=1.8)
+            ax_diff.plot(*mean_curve(diffs), style, color=colour, lw=1.8)
     ax_diff.axhline(0.0, color="black", lw=0.8)
-    ax_diff.set(title="validation loss, XSA − SA (paired by seed)", xlabel="step", ylabel="difference")
+    ax_diff.set(title="validation loss, variant − SA (paired by seed)", xlabel="step", ylabel="difference")
     ax_diff.grid(alpha=0.3)
 
-    handles = [Line2D([], [], color=colours[i % len(colours)], lw=2, label=label)
-               for i, (label, _) in enumerate(settings)]
-    handles += [Line2D([], [], color="grey", ls="--", label="SA"), Line2D([], [], color="grey", ls="-", label="XSA")]
+    handles = [Line2D([], [], color=colour, lw=2, label=label) for label, colour in colours.items()]
+    handles += [Line2D([], [], color="grey", ls=style, label=variant_label(v)) for v, style in styles.items()]
     ax_val.legend(handles=handles, fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -373,10 +413,9 @@ def plot(settings, rows, path, smooth=0.0, ylim=None):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.make_parser(__doc__.split("\n\n")[0], checkpoints=None, device=False,
+                                out="compare.png and compare.md")
     parser.add_argument("runs", nargs="+", help="run directories or globs (quoted), or directories of runs")
-    parser.add_argument("--out", default="compare", help="output prefix: writes OUT.png and OUT.md")
     parser.add_argument("--smooth", type=float, default=0.0,
                         help="EMA factor for the train-loss curves, 0 (none) to <1, e.g. 0.9")
     parser.add_argument("--ylim", type=float, nargs=2, metavar=("LOW", "HIGH"), help="loss axis range")
@@ -388,18 +427,16 @@ def main():
     if not runs:
         sys.exit(f"no run directories (with metrics.jsonl and config.json) in {' '.join(args.runs)}")
     settings = group_settings(runs)
-    rows, warnings = comparison(settings)
-    table = markdown(runs, settings, rows, warnings)
+    rows, unpaired, warnings = comparison(settings)
+    table = markdown(runs, settings, rows, unpaired, warnings)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
 
-    if os.path.dirname(args.out):
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".md", "w", encoding="utf-8") as f:
+    with open(common.output_path(args.out, "compare.md"), "w", encoding="utf-8") as f:
         f.write(table)
-    plot(settings, rows, args.out + ".png", args.smooth, args.ylim)
+    plot(settings, rows, common.output_path(args.out, "compare.png"), args.smooth, args.ylim)
     print(table)
-    print(f"wrote {args.out}.md and {args.out}.png")
+    print(f"wrote {os.path.join(args.out, 'compare.md')} and compare.png")
 
 
 if __name__ == "__main__":

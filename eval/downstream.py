@@ -14,7 +14,6 @@ paper says), in percent. Everything lm-eval reports (both metrics, standard erro
 the JSON file next to the markdown table in --out.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -25,8 +24,8 @@ import tiktoken  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from checkpoint import load_model  # noqa: E402
-from runtime import autocast, pick_device, resolve_dtype  # noqa: E402
+from eval import common  # noqa: E402
+from runtime import autocast  # noqa: E402
 
 # task -> (column, headline metric), in the paper's column order
 TASKS = {
@@ -167,17 +166,12 @@ def make_adapter_class():
     return GPTAdapter
 
 
-def evaluate_checkpoint(path, tasks, device="auto", dtype="auto", batch_size=16, limit=None,
-                        task_manager=None, bootstrap_iters=1000):
-    """lm-eval's results for one checkpoint: {"results": {task: {metric: value}}, ...}."""
+def evaluate_model(model, tasks, device, dtype, batch_size=16, limit=None, task_manager=None, bootstrap_iters=1000):
+    """lm-eval's results for one model on device: {"results": {task: {metric: value}}, ...}."""
     from lm_eval import simple_evaluate
-    device = pick_device(device)
-    model, _ = load_model(path, device)
-    adapter = make_adapter_class()(model, device, resolve_dtype(dtype, device.split(":")[0]), batch_size)
-    out = simple_evaluate(model=adapter, tasks=list(tasks), num_fewshot=0, limit=limit,
-                          task_manager=task_manager, bootstrap_iters=bootstrap_iters, log_samples=False)
-    model.to("cpu")  # free the accelerator for the next checkpoint
-    return out
+    adapter = make_adapter_class()(model, device, dtype, batch_size)
+    return simple_evaluate(model=adapter, tasks=list(tasks), num_fewshot=0, limit=limit,
+                           task_manager=task_manager, bootstrap_iters=bootstrap_iters, log_samples=False)
 
 
 def headline_row(results):
@@ -204,39 +198,30 @@ def format_table(rows):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoints", nargs="*", help="checkpoint files or run directories")
-    parser.add_argument("--labels", nargs="*", help="one label per positional checkpoint (default: its path)")
+    parser = common.make_parser(__doc__, checkpoints="*", out="downstream.json and downstream.md")
     parser.add_argument("--sa", help="SA checkpoint; with --xsa, the table adds the row XSA - SA")
     parser.add_argument("--xsa", help="XSA checkpoint")
     parser.add_argument("--tasks", default=" ".join(TASKS), help="lm-eval task names, space or comma separated")
     parser.add_argument("--limit", type=float, default=None,
                         help="examples per task (a fraction if < 1); for quick looks only")
     parser.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass")
-    parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="auto",
-                        help="auto (bfloat16 autocast on GPUs that support it), float32, bfloat16")
     parser.add_argument("--include_path", default=None, help="an extra directory of lm-eval task YAMLs")
     parser.add_argument("--no_default_tasks", action="store_true",
                         help="index only --include_path, not lm-eval's built-in tasks (faster; local task copies)")
     parser.add_argument("--bootstrap_iters", type=int, default=1000,
                         help="bootstrap samples for the standard errors of non-mean metrics (LAMBADA perplexity)")
     parser.add_argument("--paper", action="store_true", help="also show the paper's Table 2 rows")
-    parser.add_argument("--out", default="out/eval", help="directory for downstream.json and downstream.md")
     args = parser.parse_args()
 
-    models = {}  # label -> checkpoint path
     if args.sa or args.xsa:
         if not (args.sa and args.xsa) or args.checkpoints:
             parser.error("give both --sa and --xsa, and no positional checkpoints")
-        models = {"SA": args.sa, "XSA": args.xsa}
+        models = common.label_checkpoints(parser, [args.sa, args.xsa], ["SA", "XSA"])
     else:
         if not args.checkpoints:
             parser.error("give at least one checkpoint, or --sa and --xsa")
-        labels = args.labels or [os.path.normpath(p) for p in args.checkpoints]
-        if len(labels) != len(args.checkpoints) or len(set(labels)) != len(labels):
-            parser.error("--labels needs one distinct label per checkpoint")
-        models = dict(zip(labels, args.checkpoints))
+        models = common.label_checkpoints(parser, args.checkpoints, args.labels)
+    device, dtype = common.device_and_dtype(args)
 
     try:
         from lm_eval.tasks import TaskManager
@@ -251,8 +236,9 @@ def main():
     report, rows = {}, {}
     for label, path in models.items():
         print(f"evaluating {label}: {path}", flush=True)
-        out = evaluate_checkpoint(path, tasks, args.device, args.dtype, args.batch_size, limit,
-                                  task_manager, args.bootstrap_iters)
+        model, _ = common.load(path, device)
+        out = evaluate_model(model, tasks, device, dtype, args.batch_size, limit, task_manager, args.bootstrap_iters)
+        model.to("cpu")  # free the accelerator for the next checkpoint
         rows[label] = headline_row(out["results"])
         report[label] = {"checkpoint": path, "headline": rows[label], "results": out["results"],
                          "n_samples": out.get("n-samples"), "versions": out.get("versions")}
@@ -266,10 +252,9 @@ def main():
     table = format_table(shown)
     print(table)
 
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "downstream.json"), "w") as f:
+    with open(common.output_path(args.out, "downstream.json"), "w") as f:
         json.dump({"tasks": tasks, "limit": limit, "models": report, "table": rows}, f, indent=2, default=str)
-    with open(os.path.join(args.out, "downstream.md"), "w") as f:
+    with open(common.output_path(args.out, "downstream.md"), "w") as f:
         f.write(f"Zero-shot, lm-evaluation-harness; headline metric per task as in the paper, in percent"
                 f"{'; limit ' + str(limit) + ' examples per task' if limit else ''}.\n\n{table}\n")
     print(f"wrote {os.path.join(args.out, 'downstream.json')} and downstream.md")

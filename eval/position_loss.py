@@ -4,10 +4,10 @@ context, and does XSA's gain grow with position (the paper: XSA's gain grows wit
 Positions are grouped into --buckets equal ranges; every sequence is a full block_size window
 of the fixed validation tokens, so each position is scored equally often.
 
+    python eval/position_loss.py out/sa_0p7b out/xsa_0p7b    # val shards: the first checkpoint's data_dir
     python eval/position_loss.py out/sa_0p7b out/xsa_0p7b --data_dir data/fineweb/fineweb100B
 """
 
-import argparse
 import json
 import os
 import sys
@@ -17,9 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from checkpoint import load_model  # noqa: E402
-from dataloader import val_sequences  # noqa: E402
-from runtime import autocast, pick_device, resolve_dtype  # noqa: E402
+from eval import common  # noqa: E402
+from runtime import autocast  # noqa: E402
 
 
 @torch.no_grad()
@@ -88,51 +87,44 @@ def plot(results, path):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoints", nargs="+", help="checkpoint files or run directories (e.g. SA then XSA)")
-    parser.add_argument("--labels", nargs="*", help="one label per checkpoint (default: its path)")
-    parser.add_argument("--data_dir", default="data/fineweb/fineweb100B",
-                        help="directory of llm.c shards; the val split is used")
+    parser = common.make_parser(__doc__, data_dir=True, out="position_loss.json, .md and .png")
     parser.add_argument("--num_sequences", type=int, default=512,
                         help="validation sequences, capped at what the val shards hold")
     parser.add_argument("--block_size", type=int, default=None,
                         help="sequence length; default: the first checkpoint's block_size")
     parser.add_argument("--buckets", type=int, default=16, help="number of position ranges")
     parser.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass")
-    parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="auto",
-                        help="auto (bfloat16 autocast on GPUs that support it), float32, bfloat16")
-    parser.add_argument("--out", default="out/eval", help="directory for position_loss.json, .md and .png")
     args = parser.parse_args()
-    labels = args.labels or [os.path.normpath(p) for p in args.checkpoints]
-    if len(labels) != len(args.checkpoints) or len(set(labels)) != len(labels):
-        parser.error("--labels needs one distinct label per checkpoint")
-    device = pick_device(args.device)
-    dtype = resolve_dtype(args.dtype, device.split(":")[0])
+    checkpoints = common.label_checkpoints(parser, args.checkpoints, args.labels)
+    device, dtype = common.device_and_dtype(args)
 
     results, x, y = {}, None, None
-    for label, path in zip(labels, args.checkpoints):
-        model, config = load_model(path, device)
-        if x is None:  # the same tokens for every model, so the curves compare
+    for label, path in checkpoints.items():
+        model, config = common.load(path, device)
+        if x is None:  # the same tokens for every model (the first one's data by default), so the curves compare
             block_size = args.block_size or config["block_size"]
-            x, y = val_sequences(args.data_dir, block_size, args.num_sequences * block_size)
+            data_dir, x, y = common.validation_sequences(args, config, block_size, args.num_sequences)
             x, y = x.to(device), y.to(device)
+        elif not args.data_dir and config["data_dir"] != data_dir:
+            print(f"note: {label} was trained on {config['data_dir']}, scored on {data_dir} as the first model",
+                  flush=True)
         per_position = position_losses(model, x, y, args.batch_size, dtype).cpu()
         results[label] = {"checkpoint": path, "attn_type": config["attn_type"],
                           "mean": per_position.mean().item(), "buckets": bucket_losses(per_position, args.buckets),
                           "per_position": per_position.tolist()}
         print(f"{label}: {path}, mean validation loss {results[label]['mean']:.4f} "
-              f"over {len(x)} sequences of {x.size(1)} tokens", flush=True)
+              f"over {len(x)} sequences of {x.size(1)} tokens from {data_dir}", flush=True)
         model.to("cpu")
     table = format_table(results)
     print(table)
 
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "position_loss.json"), "w") as f:
-        json.dump({"num_sequences": len(x), "block_size": x.size(1), "models": results}, f, indent=2)
-    with open(os.path.join(args.out, "position_loss.md"), "w") as f:
-        f.write(f"Validation loss by position, {len(x)} sequences of {x.size(1)} tokens.\n\n{table}\n")
-    plot(results, os.path.join(args.out, "position_loss.png"))
+    with open(common.output_path(args.out, "position_loss.json"), "w") as f:
+        json.dump({"data_dir": data_dir, "num_sequences": len(x), "block_size": x.size(1), "models": results},
+                  f, indent=2)
+    with open(common.output_path(args.out, "position_loss.md"), "w") as f:
+        f.write(f"Validation loss by position, {len(x)} sequences of {x.size(1)} tokens from {data_dir}.\n\n"
+                f"{table}\n")
+    plot(results, common.output_path(args.out, "position_loss.png"))
     print(f"wrote {os.path.join(args.out, 'position_loss.json')}, position_loss.md and position_loss.png")
 
 

@@ -5,7 +5,6 @@ Sample text from a checkpoint (a file, or a run directory: its newest checkpoint
     python eval/sample.py out/xsa_0p7b --start FILE:prompt.txt --temperature 0   # greedy
 """
 
-import argparse
 import os
 import sys
 
@@ -14,13 +13,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tiktoken  # noqa: E402
 import torch  # noqa: E402
 
-from checkpoint import load_model  # noqa: E402
-from runtime import autocast, pick_device, resolve_dtype  # noqa: E402
+from eval import common  # noqa: E402
+from runtime import autocast  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="checkpoint file or run directory")
+    parser = common.make_parser(__doc__, checkpoints=None)
+    parser.add_argument("checkpoint", help="checkpoint file or run directory (a run directory: its newest checkpoint)")
     parser.add_argument("--start", default="<|endoftext|>",
                         help="prompt text, or FILE:path; the default starts a new document, as in training")
     parser.add_argument("--num_samples", type=int, default=3, help="samples to draw")
@@ -29,15 +28,11 @@ def main():
     parser.add_argument("--top_k", type=int, default=200,
                         help="sample only among the k likeliest tokens; 0 disables")
     parser.add_argument("--seed", type=int, default=1337, help="sampling seed")
-    parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="auto",
-                        help="auto (bfloat16 autocast on GPUs that support it), float32, bfloat16")
     args = parser.parse_args()
 
-    device = pick_device(args.device)
-    dtype = resolve_dtype(args.dtype, device.split(":")[0])
+    device, dtype = common.device_and_dtype(args)
     torch.manual_seed(args.seed)
-    model, config = load_model(args.checkpoint, device)
+    model, config = common.load(args.checkpoint, device)
     enc = tiktoken.get_encoding("gpt2")
     start = args.start
     if start.startswith("FILE:"):

@@ -5,17 +5,18 @@ heads and validation sequences,
             all pairs i != j (the paper does not say whether causal pairs only; we take all)
     a_ii    mean diagonal attention weight, how much a token attends to itself
     cos_yv  mean cos(y_i, v_i) between the attention output and the token's own value, before XSA
-    cos_zv  XSA models only: mean |z_i . v_i| / (|v_i| |y_i|) after XSA, which should be ~0;
+    cos_zv  XSA layers only: mean |z_i . v_i| / (|v_i| |y_i|) after XSA, which should be ~0;
             y in the denominator because z itself can be ~0 (docs/design.md), and position 0 left
             out, where z = y - proj(y) is rounding noise
 All positions of a sequence count, including the first (where a_00 = cos(y_0, v_0) = 1), so
 the numbers follow the paper's plain definitions; learned sink tokens never count as tokens.
+With grouped-query attention every quantity is per query head, with the value head it reads.
 The paper averages over 1024 training sequences; we use held-out validation sequences.
 
+    python eval/similarity.py out/sa_0p7b out/xsa_0p7b    # val shards: each checkpoint's data_dir
     python eval/similarity.py out/sa_0p7b out/xsa_0p7b --data_dir data/fineweb/fineweb100B
 """
 
-import argparse
 import json
 import math
 import os
@@ -26,10 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from checkpoint import load_model  # noqa: E402
-from dataloader import val_sequences  # noqa: E402
+from eval import common  # noqa: E402
 from model import exclude_self  # noqa: E402
-from runtime import autocast, pick_device, resolve_dtype  # noqa: E402
+from runtime import autocast  # noqa: E402
 
 QUANTITIES = {
     "cos_vv": "cos(v_i, v_j), i != j",
@@ -42,7 +42,9 @@ QUANTITIES = {
 def layer_stats(attn, x, cos, sin, n_sinks):
     """The four quantities for one attention layer, summed over the batch's sequences (each
     already a mean over heads and tokens). x: the layer's input (B, n_sinks + T, n_embd)."""
-    q, k, v = attn.project_qkv(x.float(), cos, sin)  # (B, n_head, L, head_dim)
+    q, k, v_kv = attn.project_qkv(x.float(), cos, sin)  # q: n_head heads; k, v: n_kv_head heads (GQA)
+    # query head h reads key/value head h // (n_head / n_kv_head): every quantity is per query head
+    k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v_kv))  # (B, n_head, L, head_dim)
     L, D = q.shape[-2:]
     # the explicit attention matrix, the only model math repeated here: SDPA does not return a_ii
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)
@@ -60,8 +62,8 @@ def layer_stats(attn, x, cos, sin, n_sinks):
         "a_ii": att.diagonal(dim1=-2, dim2=-1)[:, :, tokens].mean(dim=(1, 2)).sum().item(),
         "cos_yv": F.cosine_similarity(y, v, dim=-1)[:, :, tokens].mean(dim=(1, 2)).sum().item(),
     }
-    if attn.attn_type == "xsa":
-        z = exclude_self(y, v)
+    if attn.attn_type == "xsa":  # this block's: xsa_layers may leave some blocks SA
+        z = exclude_self(y, v_kv)
         if attn.xsa_alpha is not None:  # gated XSA: z = y - tanh(alpha) * proj
             z = y + torch.tanh(attn.xsa_alpha.float()).view(1, -1, 1, 1) * (z - y)
         ortho = (z * v).sum(dim=-1).abs() / (v.norm(dim=-1) * y.norm(dim=-1)).clamp_min(1e-12)
@@ -72,7 +74,8 @@ def layer_stats(attn, x, cos, sin, n_sinks):
 @torch.no_grad()
 def similarity_stats(model, x, dtype="float32"):
     """Per-layer means over heads, tokens and the sequences x (B, T) of the Figure 1 quantities:
-    {"cos_vv": [...], "a_ii": [...], "cos_yv": [...], "cos_zv": [...] or None}, one value per layer.
+    {"cos_vv": [...], "a_ii": [...], "cos_yv": [...], "cos_zv": [...] or None}, one value per layer;
+    cos_zv is None for an SA model and None in the SA layers of a model with XSA in some layers only.
     Each block's attention input is captured by a forward pre-hook during a normal forward pass."""
     sums = [None] * model.config.n_layer
 
@@ -90,8 +93,10 @@ def similarity_stats(model, x, dtype="float32"):
     finally:
         for handle in handles:
             handle.remove()
-    means = {name: [s[name] / len(x) for s in sums] for name in QUANTITIES if name in sums[0]}
-    return {name: means.get(name) for name in QUANTITIES}  # cos_zv is None for SA
+    means = {name: [s[name] / len(x) if name in s else None for s in sums] for name in QUANTITIES}
+    if all(value is None for value in means["cos_zv"]):
+        means["cos_zv"] = None  # no XSA layer, nothing after XSA
+    return means
 
 
 def stats_over_batches(model, x, batch_size, dtype):
@@ -102,7 +107,8 @@ def stats_over_batches(model, x, batch_size, dtype):
         if per_batch[0][1][name] is None:
             return None
         layers = range(model.config.n_layer)
-        return [sum(n * stats[name][layer] for n, stats in per_batch) / len(x) for layer in layers]
+        return [None if per_batch[0][1][name][layer] is None else
+                sum(n * stats[name][layer] for n, stats in per_batch) / len(x) for layer in layers]
 
     return {name: mean(name) for name in QUANTITIES}
 
@@ -114,8 +120,9 @@ def format_table(results):
              "|---" * (len(columns) + 1) + "|"]
     n_layer = max(len(stats["cos_yv"]) for stats in results.values())
     for layer in range(n_layer):
-        cells = [f"{results[label][name][layer]:.4f}" if layer < len(results[label][name]) else "-"
-                 for label, name in columns]
+        values = [results[label][name][layer] if layer < len(results[label][name]) else None
+                  for label, name in columns]
+        cells = ["-" if value is None else f"{value:.4f}" for value in values]
         lines.append(f"| {layer} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -129,8 +136,9 @@ def plot(results, path):
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), sharey=True, squeeze=False)
     for ax, (label, stats) in zip(axes[0], results.items()):
         for name, description in QUANTITIES.items():
-            if stats[name] is not None:
-                ax.plot(range(len(stats[name])), stats[name], marker="o", label=description)
+            if stats[name] is not None:  # cos_zv: only the XSA layers
+                layers = [i for i, value in enumerate(stats[name]) if value is not None]
+                ax.plot(layers, [stats[name][i] for i in layers], marker="o", label=description)
         ax.set_title(label)
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -143,46 +151,36 @@ def plot(results, path):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoints", nargs="+", help="checkpoint files or run directories (e.g. SA then XSA)")
-    parser.add_argument("--labels", nargs="*", help="one label per checkpoint (default: its path)")
-    parser.add_argument("--data_dir", default="data/fineweb/fineweb100B",
-                        help="directory of llm.c shards; the val split is used")
+    parser = common.make_parser(__doc__, data_dir=True, out="similarity.json and similarity.png",
+                                dtype_help="autocast dtype of the forward pass (auto: bfloat16 on GPUs that "
+                                           "support it); the statistics are computed in float32")
     parser.add_argument("--num_sequences", type=int, default=1024,
                         help="validation sequences (paper: 1024), capped at what the val shards hold")
     parser.add_argument("--block_size", type=int, default=None,
                         help="sequence length; default: each checkpoint's block_size")
     parser.add_argument("--batch_size", type=int, default=4,
                         help="sequences per forward pass; small, as the attention matrix is explicit")
-    parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="auto",
-                        help="autocast dtype of the forward pass; the statistics are computed in float32")
-    parser.add_argument("--out", default="out/eval", help="directory for similarity.json and similarity.png")
     args = parser.parse_args()
-    labels = args.labels or [os.path.normpath(p) for p in args.checkpoints]
-    if len(labels) != len(args.checkpoints) or len(set(labels)) != len(labels):
-        parser.error("--labels needs one distinct label per checkpoint")
-    device = pick_device(args.device)
-    dtype = resolve_dtype(args.dtype, device.split(":")[0])
+    checkpoints = common.label_checkpoints(parser, args.checkpoints, args.labels)
+    device, dtype = common.device_and_dtype(args)
 
     results, info = {}, {}
-    for label, path in zip(labels, args.checkpoints):
-        model, config = load_model(path, device)
+    for label, path in checkpoints.items():
+        model, config = common.load(path, device)
         block_size = args.block_size or config["block_size"]
-        x, _ = val_sequences(args.data_dir, block_size, args.num_sequences * block_size)
-        print(f"{label}: {path}, attn_type={config['attn_type']}, {len(x)} sequences of {block_size} tokens",
-              flush=True)
+        data_dir, x, _ = common.validation_sequences(args, config, block_size, args.num_sequences)
+        print(f"{label}: {path}, attn_type={config['attn_type']}, {len(x)} sequences of {block_size} tokens "
+              f"from {data_dir}", flush=True)
         results[label] = stats_over_batches(model, x.to(device), args.batch_size, dtype)
         info[label] = {"checkpoint": path, "attn_type": config["attn_type"], "n_sinks": config.get("n_sinks", 0),
-                       "num_sequences": len(x), "block_size": block_size}
+                       "data_dir": data_dir, "num_sequences": len(x), "block_size": block_size}
         model.to("cpu")
     print(format_table(results))
 
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "similarity.json"), "w") as f:
+    with open(common.output_path(args.out, "similarity.json"), "w") as f:
         models = {label: dict(info[label], **results[label]) for label in results}
         json.dump({"quantities": QUANTITIES, "models": models}, f, indent=2)
-    plot(results, os.path.join(args.out, "similarity.png"))
+    plot(results, common.output_path(args.out, "similarity.png"))
     print(f"wrote {os.path.join(args.out, 'similarity.json')} and similarity.png")
 
 

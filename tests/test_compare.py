@@ -1,5 +1,6 @@
 """eval/compare.py on synthetic run directories with known losses: the table's numbers against
-statistics computed here independently, pairing by seed, and the PNG."""
+statistics computed here independently, pairing by seed, SA against each other variant (XSA, gated
+XSA) separately, settings told apart by train.py's key groups, and the PNG."""
 
 import importlib.util
 import json
@@ -11,6 +12,7 @@ import sys
 
 import pytest
 
+from configurator import read_defaults
 from conftest import REPO
 
 # Student t 0.975 quantiles from a printed table, by degrees of freedom
@@ -24,14 +26,17 @@ def load_compare():
     return module
 
 
-def write_run(root, name, attn_type, seed, val_losses, learning_rate=1e-3, init_from="scratch", extra=None):
+def write_run(root, name, attn_type, seed, val_losses, learning_rate=1e-3, init_from="scratch", extra=None,
+              drop=()):
     """A run directory as train.py leaves it: config.json and metrics.jsonl, a train loss every
-    step and val_losses = {step: loss} on eval steps."""
+    step and val_losses = {step: loss} on eval steps. `drop`: config keys an older train.py lacked."""
     path = os.path.join(root, name)
     os.makedirs(path)
     config = {"out_dir": path, "wandb_run_name": name, "wandb_group": "g", "init_from": init_from,
-              "attn_type": attn_type, "seed": seed, "data_seed": seed, "learning_rate": learning_rate,
-              "n_layer": 2, "block_size": 32, "max_iters": max(val_losses), **(extra or {})}
+              "attn_type": attn_type, "xsa_gate": False, "seed": seed, "data_seed": seed,
+              "learning_rate": learning_rate, "n_layer": 2, "block_size": 32, "max_iters": max(val_losses),
+              **(extra or {})}
+    config = {k: v for k, v in config.items() if k not in drop}
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump({"config": config, "provenance": {}}, f)
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:
@@ -48,6 +53,18 @@ def run_compare(*args):
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
+
+
+def compare_markdown(out, *args):
+    """Run compare.py with --out out (a directory) and return its compare.md."""
+    run_compare(*args, "--out", out)
+    with open(os.path.join(out, "compare.md")) as f:
+        return f.read()
+
+
+def comparison_rows(markdown):
+    """The second table's rows, {(setting, variant): row}."""
+    return {(r["setting"], r["variant"]): r for r in table_rows(markdown, "| setting |")}
 
 
 def table_rows(markdown, header_start):
@@ -97,9 +114,10 @@ def test_t_quantile_matches_the_printed_table():
 
 
 def test_table_has_final_val_loss_and_paired_difference_statistics(runs, tmp_path):
-    out = str(tmp_path / "report" / "compare")
+    out = str(tmp_path / "report")  # a directory, made if missing, like every eval script's --out
     proc = run_compare(os.path.join(runs, "*"), "--out", out)
-    with open(out + ".md") as f:
+    assert sorted(os.listdir(out)) == ["compare.md", "compare.png"]
+    with open(os.path.join(out, "compare.md")) as f:
         markdown = f.read()
     assert markdown in proc.stdout
 
@@ -109,29 +127,30 @@ def test_table_has_final_val_loss_and_paired_difference_statistics(runs, tmp_pat
         for attn, by_seed in by_attn.items():
             for seed, final in by_seed.items():
                 row = per_run[f"{attn}_micro_{setting}_seed{seed}"]
-                assert (row["setting"], row["attn"], row["seed"], row["step"]) == (f"micro_{setting}", attn,
-                                                                                   str(seed), "100")
+                assert (row["setting"], row["variant"], row["seed"], row["step"]) == (f"micro_{setting}", attn,
+                                                                                      str(seed), "100")
                 assert float(row["val loss"]) == pytest.approx(final, abs=5e-5)
 
-    per_setting = {r["setting"]: r for r in table_rows(markdown, "| setting |")}
-    assert set(per_setting) == {"micro_lr1e-3", "micro_lr2e-3"}  # init_from and names do not split a setting
+    per_setting = comparison_rows(markdown)
+    # init_from and names do not split a setting
+    assert set(per_setting) == {("micro_lr1e-3", "xsa"), ("micro_lr2e-3", "xsa")}
     for setting, df in (("lr1e-3", 2), ("lr2e-3", 4)):
         sa, xsa = FINAL[setting]["sa"], FINAL[setting]["xsa"]
         diffs = [xsa[s] - sa[s] for s in sorted(xsa)]  # seed 9 has no XSA partner: not a pair
         n, mean, std = len(diffs), statistics.mean(diffs), statistics.stdev(diffs)
         half = T_975[df] * std / math.sqrt(n)
-        row = per_setting[f"micro_{setting}"]
+        row = per_setting[(f"micro_{setting}", "xsa")]
         assert row["pairs"] == str(n) and row["step"] == "100"
-        assert float(row["SA"]) == pytest.approx(statistics.mean(sa[s] for s in xsa), abs=5e-5)
-        assert float(row["XSA"]) == pytest.approx(statistics.mean(xsa.values()), abs=5e-5)
-        assert float(row["XSA − SA"]) == pytest.approx(mean, abs=5e-5)
+        assert float(row["SA loss"]) == pytest.approx(statistics.mean(sa[s] for s in xsa), abs=5e-5)
+        assert float(row["variant loss"]) == pytest.approx(statistics.mean(xsa.values()), abs=5e-5)
+        assert float(row["variant − SA"]) == pytest.approx(mean, abs=5e-5)
         assert float(row["std"]) == pytest.approx(std, abs=5e-5)
         low, high = (float(x) for x in row["95% CI"].strip("[]").split(","))
         assert (low, high) == (pytest.approx(mean - half, abs=5e-5), pytest.approx(mean + half, abs=5e-5))
-        assert row["XSA lower"] == f"{sum(d < 0 for d in diffs)}/{n}"
+        assert row["variant lower"] == f"{sum(d < 0 for d in diffs)}/{n}"
     assert "without a partner" in markdown and "sa_micro_lr1e-3_seed9" in markdown
 
-    with open(out + ".png", "rb") as f:
+    with open(os.path.join(out, "compare.png"), "rb") as f:
         png = f.read()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
@@ -141,13 +160,10 @@ def test_a_pair_is_compared_at_the_last_step_both_evaluated(tmp_path):
     root = str(tmp_path / "runs")
     write_run(root, "sa_a", "sa", 1, {50: 4.0, 100: 3.5}, extra={"max_iters": 100})
     write_run(root, "xsa_a", "xsa", 1, {50: 3.9}, extra={"max_iters": 100})  # interrupted at step 50
-    out = str(tmp_path / "cmp")
-    run_compare(root, "--out", out, "--smooth", "0.9")  # a directory of runs, as well as globs
-    with open(out + ".md") as f:
-        markdown = f.read()
+    markdown = compare_markdown(str(tmp_path / "cmp"), root, "--smooth", "0.9")  # a directory of runs, as well as globs
     row = table_rows(markdown, "| setting |")[0]
-    assert (row["setting"], row["pairs"], row["step"]) == ("a", "1", "50")
-    assert float(row["XSA − SA"]) == pytest.approx(-0.1, abs=5e-5)
+    assert (row["setting"], row["variant"], row["pairs"], row["step"]) == ("a", "xsa", "1", "50")
+    assert float(row["variant − SA"]) == pytest.approx(-0.1, abs=5e-5)
     assert row["std"] == "–" and row["95% CI"] == "–"  # one pair: no spread to estimate
 
 
@@ -158,12 +174,9 @@ def test_settings_that_differ_in_config_get_labelled_by_the_differing_keys(tmp_p
         for attn in ("sa", "xsa"):
             write_run(root, f"run{i}_{attn}", attn, 1, {10: 5.0 if attn == "sa" else 4.9},
                       extra={"block_size": block_size})
-    out = str(tmp_path / "cmp")
-    run_compare(os.path.join(root, "run*"), "--out", out)
-    with open(out + ".md") as f:
-        per_setting = {r["setting"]: r for r in table_rows(f.read(), "| setting |")}
-    assert set(per_setting) == {"block_size=32", "block_size=64"}
-    assert all(float(r["XSA − SA"]) == pytest.approx(-0.1, abs=5e-5) for r in per_setting.values())
+    per_setting = comparison_rows(compare_markdown(str(tmp_path / "cmp"), os.path.join(root, "run*")))
+    assert set(per_setting) == {("block_size=32", "xsa"), ("block_size=64", "xsa")}
+    assert all(float(r["variant − SA"]) == pytest.approx(-0.1, abs=5e-5) for r in per_setting.values())
 
 
 def test_runs_from_different_train_py_versions_still_pair(tmp_path):
@@ -171,11 +184,77 @@ def test_runs_from_different_train_py_versions_still_pair(tmp_path):
     root = str(tmp_path / "runs")
     write_run(root, "sa_a_seed1", "sa", 1, {10: 5.0})
     write_run(root, "xsa_a_seed1", "xsa", 1, {10: 4.8}, extra={"new_key": 1, "parallelism": "fsdp"})
-    out = str(tmp_path / "cmp")
-    run_compare(root, "--out", out)
-    with open(out + ".md") as f:
-        markdown = f.read()
+    markdown = compare_markdown(str(tmp_path / "cmp"), root)
     row = table_rows(markdown, "| setting |")[0]
     assert (row["setting"], row["pairs"]) == ("a", "1")
-    assert float(row["XSA − SA"]) == pytest.approx(-0.2, abs=5e-5)
+    assert float(row["variant − SA"]) == pytest.approx(-0.2, abs=5e-5)
     assert "only some runs' configs have them" in markdown and "new_key" in markdown
+
+
+def test_gated_xsa_is_compared_with_sa_separately_from_plain_xsa(tmp_path):
+    """SA, XSA and gated XSA runs of one setting: one row XSA − SA and one row gated − SA, each paired
+    by seed. A run from before xsa_gate existed counts as plain XSA."""
+    final = {"sa": {1: 3.50, 2: 3.52, 3: 3.47},
+             "xsa": {1: 3.46, 2: 3.50, 3: 3.45},
+             "xsa+gate": {1: 3.44, 2: 3.49, 3: 3.47, 4: 3.40}}  # seed 4 has no SA partner
+    root = str(tmp_path / "runs")
+    for variant, by_seed in final.items():
+        for seed, loss in by_seed.items():
+            name = f"{variant.replace('+', '_')}_a_seed{seed}"
+            gate = variant == "xsa+gate"
+            write_run(root, name, "sa" if variant == "sa" else "xsa", seed, {50: loss + 0.2, 100: loss},
+                      extra={"xsa_gate": gate}, drop=("xsa_gate",) if (variant, seed) == ("xsa", 3) else ())
+    markdown = compare_markdown(str(tmp_path / "cmp"), root)
+
+    per_run = {r["run"]: r for r in table_rows(markdown, "| run |")}
+    assert per_run["xsa_gate_a_seed1"]["variant"] == "xsa+gate" and per_run["xsa_a_seed3"]["variant"] == "xsa"
+    rows = comparison_rows(markdown)
+    assert set(rows) == {("a", "xsa"), ("a", "xsa+gate")}  # one setting; neither variant mistaken for the other
+    for variant in ("xsa", "xsa+gate"):
+        seeds = sorted(set(final[variant]) & set(final["sa"]))
+        diffs = [final[variant][s] - final["sa"][s] for s in seeds]
+        row = rows[("a", variant)]
+        assert row["pairs"] == "3" and row["step"] == "100"
+        assert float(row["SA loss"]) == pytest.approx(statistics.mean(final["sa"].values()), abs=5e-5)
+        assert float(row["variant loss"]) == pytest.approx(statistics.mean(final[variant][s] for s in seeds), abs=5e-5)
+        assert float(row["variant − SA"]) == pytest.approx(statistics.mean(diffs), abs=5e-5)
+        assert float(row["std"]) == pytest.approx(statistics.stdev(diffs), abs=5e-5)
+        half = T_975[2] * statistics.stdev(diffs) / math.sqrt(3)
+        low, high = (float(x) for x in row["95% CI"].strip("[]").split(","))
+        assert low == pytest.approx(statistics.mean(diffs) - half, abs=5e-5)
+        assert high == pytest.approx(statistics.mean(diffs) + half, abs=5e-5)
+        assert row["variant lower"] == f"{sum(d < 0 for d in diffs)}/3"
+    assert "without a partner" in markdown and "xsa_gate_a_seed4" in markdown
+    assert "Not compared" not in markdown  # a variant key missing from old runs is no setting key left out
+
+
+def test_settings_ignore_the_bookkeeping_keys_train_py_declares(tmp_path):
+    """Runs that differ only in keys train.py's BOOKKEEPING_KEYS names (how often a run evaluated or
+    printed samples) are one setting; a key outside the groups (the learning rate) splits settings."""
+    _, groups = read_defaults()
+    assert {"eval_interval", "sample_interval"} <= set(groups["BOOKKEEPING_KEYS"])
+    root = str(tmp_path / "runs")
+    write_run(root, "sa_a_seed1", "sa", 1, {10: 5.0}, extra={"eval_interval": 10, "sample_interval": 0})
+    write_run(root, "xsa_a_seed1", "xsa", 1, {10: 4.7}, extra={"eval_interval": 5, "sample_interval": 10})
+    write_run(root, "sa_b_seed1", "sa", 1, {10: 5.0}, learning_rate=2e-3, extra={"eval_interval": 10,
+                                                                                 "sample_interval": 0})
+    write_run(root, "xsa_b_seed1", "xsa", 1, {10: 4.9}, learning_rate=2e-3, extra={"eval_interval": 10,
+                                                                                   "sample_interval": 0})
+    rows = comparison_rows(compare_markdown(str(tmp_path / "cmp"), root))
+    assert set(rows) == {("a", "xsa"), ("b", "xsa")}
+    assert float(rows[("a", "xsa")]["variant − SA"]) == pytest.approx(-0.3, abs=5e-5)
+    assert float(rows[("b", "xsa")]["variant − SA"]) == pytest.approx(-0.1, abs=5e-5)
+
+
+def test_variant_labels_name_the_keys_that_differ_from_sa():
+    compare = load_compare()
+    defaults, groups = read_defaults()
+    assert compare.VARIANT_KEYS == groups["VARIANT_KEYS"] and "xsa_gate" in compare.VARIANT_KEYS
+
+    def variant(**values):
+        return tuple(values.get(k, defaults[k]) for k in groups["VARIANT_KEYS"])
+
+    assert compare.variant_label(variant()) == "sa"
+    assert compare.variant_label(variant(attn_type="xsa")) == "xsa"
+    assert compare.variant_label(variant(attn_type="xsa", xsa_gate=True)) == "xsa+gate"
+    assert compare.variant_label(variant(attn_type="xsa", xsa_layers=4)) == "xsa+layers=4"

@@ -18,7 +18,7 @@ import tiktoken  # noqa: E402
 import yaml  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from checkpoint import load_model  # noqa: E402
+from checkpoint import list_checkpoints, load_model  # noqa: E402
 from conftest import REPO  # noqa: E402
 from eval.downstream import PAPER_TABLE2, TASKS, make_adapter_class  # noqa: E402
 
@@ -256,3 +256,25 @@ def test_hellaswag_fixture_uses_the_installed_process_docs(fixture_tasks):
     doc = next(iter(task.validation_docs()))
     assert doc["query"].startswith("Making a sandwich: A man lays two slices")
     assert len(doc["choices"]) == 4
+
+
+@pytest.mark.parametrize("case", ["missing", "truncated"])
+def test_a_checkpoint_that_cannot_be_loaded_is_named_in_one_line(trained_runs, fixture_tasks, case, tmp_path):
+    """A missing path fails before lm-eval indexes its tasks; a truncated file when its turn comes."""
+    path = str(tmp_path / "no_such_run")
+    if case == "truncated":
+        path = str(tmp_path / "truncated.pt")
+        with open(list_checkpoints(trained_runs["sa"])[-1], "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(data[:len(data) // 3])
+    proc = subprocess.run(
+        [sys.executable, "eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", path, "--tasks", "boolq",
+         "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()  # with a truncated file, after lm-eval's progress on SA
+    reason = "no such file or directory" if case == "missing" else "truncated"
+    assert lines[-1].startswith(f"cannot load checkpoint {path}: ") and reason in lines[-1]
+    assert ("evaluating SA" in proc.stdout) == (case == "truncated")  # a mistyped path fails before any work
+    assert len(lines) == 1 or case == "truncated"

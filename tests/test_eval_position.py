@@ -1,7 +1,10 @@
 """eval/position_loss.py: per-position losses average to the plain validation loss, each position's
-loss is what the model predicts there, and the buckets partition the positions."""
+loss is what the model predicts there, the buckets partition the positions, and the validation data
+defaults to the first checkpoint's own."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -59,21 +62,46 @@ def test_buckets_partition_the_positions():
 
 
 def test_cli_writes_tables_and_plot(trained_runs, data_dir, tmp_path):
+    """No --data_dir: the models are scored on the val shards of the data_dir they were trained on."""
     proc = subprocess.run(
         [sys.executable, "eval/position_loss.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
-         "--data_dir", data_dir, "--num_sequences", "8", "--buckets", "4", "--device", "cpu",
-         "--out", str(tmp_path)],
+         "--num_sequences", "8", "--buckets", "4", "--device", "cpu", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "position_loss.json") as f:
         report = json.load(f)
-    assert report["num_sequences"] == 8
-    for label in ("SA", "XSA"):
+    assert report["num_sequences"] == 8 and report["data_dir"] == data_dir
+    x, y = val_sequences(data_dir, MICRO["block_size"], 8 * MICRO["block_size"])
+    for label, attn_type in (("SA", "sa"), ("XSA", "xsa")):
         result = report["models"][label]
         assert len(result["buckets"]) == 4 and len(result["per_position"]) == MICRO["block_size"]
         assert result["mean"] == pytest.approx(sum(result["per_position"]) / MICRO["block_size"])
         assert f"mean validation loss {result['mean']:.4f}" in proc.stdout
+        model, _ = load_model(trained_runs[attn_type], "cpu")
+        with torch.no_grad():
+            _, loss = model(x, y)  # the model's own loss on the training data's val tokens
+        assert result["mean"] == pytest.approx(loss.item(), rel=1e-4)
     markdown = (tmp_path / "position_loss.md").read_text()
     assert "| positions | SA | XSA | XSA - SA |" in markdown and "| all (mean) |" in markdown
     png = tmp_path / "position_loss.png"
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, tmp_path):
+    other = tmp_path / "other_shards"  # a val split of other text: the training data's first train shard
+    other.mkdir()
+    shutil.copy(os.path.join(data_dir, "fineweb_train_000001.bin"), other / "fineweb_val_000000.bin")
+    proc = subprocess.run(
+        [sys.executable, "eval/position_loss.py", trained_runs["sa"], "--labels", "SA", "--data_dir", str(other),
+         "--num_sequences", "8", "--device", "cpu", "--out", str(tmp_path / "out")],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(tmp_path / "out" / "position_loss.json") as f:
+        report = json.load(f)
+    assert report["data_dir"] == str(other)
+    model, _ = load_model(trained_runs["sa"], "cpu")
+    with torch.no_grad():
+        _, want = model(*val_sequences(str(other), MICRO["block_size"], 8 * MICRO["block_size"]))
+        _, default = model(*val_sequences(data_dir, MICRO["block_size"], 8 * MICRO["block_size"]))
+    assert report["models"]["SA"]["mean"] == pytest.approx(want.item(), rel=1e-4)
+    assert abs(want.item() - default.item()) > 1e-2  # the two data sets tell apart

@@ -1,20 +1,24 @@
 """eval/similarity.py: the Figure 1 quantities agree with a naive float64 re-implementation of
-attention written here from the weights, sinks are not counted as tokens, and XSA's output is
-orthogonal to the own value vector."""
+attention written here from the weights, sinks are not counted as tokens, XSA's output is
+orthogonal to the own value vector, and the validation data defaults to the checkpoint's own.
+Also eval/common.py's loading, which every script that loads checkpoints uses: a checkpoint that
+cannot be loaded is named in one line on stderr, with a nonzero exit and no traceback."""
 
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from checkpoint import load_model
+from checkpoint import list_checkpoints, load_model
 from conftest import MICRO, REPO
 from dataloader import val_sequences
-from eval.similarity import similarity_stats
+from eval import common
+from eval.similarity import similarity_stats, stats_over_batches
 from model import GPT, GPTConfig
 
 
@@ -33,10 +37,11 @@ def rotate(x, theta):
 @torch.no_grad()
 def naive_stats(model, x):
     """Per layer: mean cos(v_i, v_j) (i != j), a_ii and cos(y_i, v_i) over heads, tokens and
-    sequences, from q, k, v sliced out of c_attn's weight and a masked softmax, in float64.
-    The residual stream is advanced block by block here, not captured with hooks."""
+    sequences, from each head's rows of the q, k, v weights and a masked softmax, in float64; query
+    head h reads key/value head h // (n_head / n_kv_head). The residual stream is advanced block
+    by block here, not captured with hooks."""
     c = model.config
-    S, H, D = c.n_sinks, c.n_head, c.head_dim
+    S, H, D, per_kv = c.n_sinks, c.n_head, c.head_dim, c.n_head // c.n_kv_head
     h = model.transformer.wte(x)
     if S:
         h = torch.cat((model.sinks.expand(len(x), -1, -1), h), dim=1)
@@ -45,12 +50,13 @@ def naive_stats(model, x):
     out = {"cos_vv": [], "a_ii": [], "cos_yv": []}
     for block in model.transformer.h:
         a = block.ln_1(h).double()
-        W = block.attn.c_attn.weight.double()  # rows: all q heads, then all k heads, then all v heads
+        Wq, Wk, Wv = (getattr(block.attn, name).weight.double() for name in ("c_q", "c_k", "c_v"))
         sums = {name: 0.0 for name in out}
         for b in range(len(x)):
             for head in range(H):
-                rows = [slice(part * H * D + head * D, part * H * D + (head + 1) * D) for part in range(3)]
-                q, k, v = (a[b] @ W[r].T for r in rows)
+                kv = head // per_kv
+                q = a[b] @ Wq[head * D:(head + 1) * D].T
+                k, v = (a[b] @ W[kv * D:(kv + 1) * D].T for W in (Wk, Wv))
                 q, k = rotate(q, c.rope_theta), rotate(k, c.rope_theta)
                 scores = q @ k.T / math.sqrt(D)
                 scores[torch.triu(torch.ones(L, L, dtype=torch.bool), diagonal=1)] = float("-inf")
@@ -98,6 +104,18 @@ def test_sink_positions_are_not_counted(val_x):
         assert got[name] == pytest.approx(want[name], abs=2e-5), name
 
 
+def test_grouped_query_attention_and_xsa_in_some_layers(val_x):
+    """GQA (query heads 0, 1 read value head 0; 2, 3 read value head 1) with XSA in the last block
+    only: the quantities match the naive attention, and cos_zv is reported for the XSA block alone."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**dict(MICRO, n_head=4, n_kv_head=2, attn_type="xsa", xsa_layers=1))).eval()
+    got = similarity_stats(model, val_x)
+    want = naive_stats(model, val_x)
+    for name in ("cos_vv", "a_ii", "cos_yv"):
+        assert got[name] == pytest.approx(want[name], abs=2e-5), name
+    assert got["cos_zv"][0] is None and 0 <= got["cos_zv"][1] < 1e-4
+
+
 def test_xsa_output_is_orthogonal_to_own_value(trained_runs, val_x):
     model, _ = load_model(trained_runs["xsa"], "cpu")
     got = similarity_stats(model, val_x)
@@ -108,21 +126,115 @@ def test_xsa_output_is_orthogonal_to_own_value(trained_runs, val_x):
 
 
 def test_cli_writes_every_layer_and_a_plot(trained_runs, data_dir, tmp_path):
+    """No --data_dir: each checkpoint is scored on the val shards of the data_dir it was trained on."""
     proc = subprocess.run(
         [sys.executable, "eval/similarity.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
-         "--data_dir", data_dir, "--num_sequences", "6", "--batch_size", "4", "--device", "cpu",
-         "--out", str(tmp_path)],
+         "--num_sequences", "6", "--batch_size", "4", "--device", "cpu", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "similarity.json") as f:
         report = json.load(f)
     n_layer = MICRO["n_layer"]
-    for label in ("SA", "XSA"):
+    x, _ = val_sequences(data_dir, MICRO["block_size"], 6 * MICRO["block_size"])
+    for label, attn_type in (("SA", "sa"), ("XSA", "xsa")):
         stats = report["models"][label]
-        assert stats["num_sequences"] == 6
+        assert stats["num_sequences"] == 6 and stats["data_dir"] == data_dir
         for name in ("cos_vv", "a_ii", "cos_yv"):
             assert len(stats[name]) == n_layer and all(math.isfinite(v) for v in stats[name])
+        model, _ = load_model(trained_runs[attn_type], "cpu")
+        want = stats_over_batches(model, x, 4, "float32")  # the training data's val tokens, in-process
+        assert stats["cos_yv"] == pytest.approx(want["cos_yv"], rel=1e-5)
     assert report["models"]["SA"]["cos_zv"] is None and len(report["models"]["XSA"]["cos_zv"]) == n_layer
     png = tmp_path / "similarity.png"
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"| {n_layer - 1} |" in proc.stdout  # the table has a row for the last layer
+
+
+@pytest.fixture(scope="module")
+def other_data_dir(data_dir, tmp_path_factory):
+    """Shards whose val split is another text than the training data's val split (its first train shard)."""
+    out = tmp_path_factory.mktemp("other_shards")
+    shutil.copy(os.path.join(data_dir, "fineweb_train_000001.bin"), out / "fineweb_val_000000.bin")
+    return str(out)
+
+
+def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, other_data_dir, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "eval/similarity.py", trained_runs["sa"], "--labels", "SA", "--data_dir", other_data_dir,
+         "--num_sequences", "4", "--device", "cpu", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(tmp_path / "similarity.json") as f:
+        stats = json.load(f)["models"]["SA"]
+    assert stats["data_dir"] == other_data_dir
+    model, _ = load_model(trained_runs["sa"], "cpu")
+    block = MICRO["block_size"]
+    want = stats_over_batches(model, val_sequences(other_data_dir, block, 4 * block)[0], 4, "float32")
+    default = stats_over_batches(model, val_sequences(data_dir, block, 4 * block)[0], 4, "float32")
+    assert stats["cos_vv"] == pytest.approx(want["cos_vv"], rel=1e-5)
+    assert stats["cos_vv"] != pytest.approx(default["cos_vv"], rel=1e-3)  # the two data sets tell apart
+
+
+# -----------------------------------------------------------------------------
+# checkpoints that cannot be loaded (eval/common.py)
+
+
+@pytest.fixture(scope="module")
+def bad_checkpoints(trained_runs, tmp_path_factory):
+    """{case: (path, words the reason must contain)}: a missing path, a directory without
+    checkpoints, a truncated file, a file with flipped bytes, a run whose only checkpoint is truncated."""
+    root = tmp_path_factory.mktemp("bad_checkpoints")
+    with open(list_checkpoints(trained_runs["sa"])[-1], "rb") as f:
+        good = f.read()
+    (root / "truncated.pt").write_bytes(good[:len(good) // 2])
+    flipped = bytearray(good)
+    flipped[len(good) // 2:len(good) // 2 + 8] = bytes(b ^ 0xFF for b in flipped[len(good) // 2:len(good) // 2 + 8])
+    (root / "flipped.pt").write_bytes(bytes(flipped))
+    (root / "empty_dir").mkdir()
+    (root / "broken_run").mkdir()
+    (root / "broken_run" / "ckpt_0000050.pt").write_bytes(good[:1000])
+    return {"missing": (str(root / "no_such_run"), "no such file"),
+            "empty directory": (str(root / "empty_dir"), "no checkpoint"),
+            "truncated": (str(root / "truncated.pt"), "truncated"),
+            "corrupt": (str(root / "flipped.pt"), "checksum"),
+            "unreadable run": (str(root / "broken_run"), "ckpt_0000050.pt")}
+
+
+@pytest.mark.parametrize("case", ["missing", "empty directory", "truncated", "corrupt", "unreadable run"])
+def test_load_names_the_checkpoint_and_why_it_cannot_be_loaded(bad_checkpoints, case, capsys):
+    path, reason = bad_checkpoints[case]
+    with pytest.raises(SystemExit) as exit_info:
+        common.load(path, "cpu")
+    message = exit_info.value.code  # sys.exit(message): printed on stderr, exit status 1
+    assert isinstance(message, str) and "\n" not in message
+    assert message.startswith(f"cannot load checkpoint {path}: ") and reason in message
+    assert capsys.readouterr().err == ""  # nothing else: the one line is the whole report
+
+
+def test_load_warns_in_one_line_about_a_skipped_newer_checkpoint(trained_runs, tmp_path, capsys):
+    """A run whose newest checkpoint is truncated loads the one before, and says which it skipped."""
+    run = tmp_path / "run"
+    run.mkdir()
+    older, newest = list_checkpoints(trained_runs["sa"])[-2:]
+    shutil.copy(older, run / os.path.basename(older))
+    with open(newest, "rb") as f:
+        (run / os.path.basename(newest)).write_bytes(f.read()[:1000])
+    model, _ = common.load(str(run), "cpu")
+    want, _ = load_model(older, "cpu")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), want.state_dict().values()))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: ") and os.path.basename(newest) in err[0]
+
+
+@pytest.mark.parametrize("script", ["similarity.py", "position_loss.py", "sample.py"])
+@pytest.mark.parametrize("case", ["missing", "truncated"])
+def test_scripts_exit_with_one_line_naming_the_checkpoint(trained_runs, bad_checkpoints, script, case, tmp_path):
+    path, reason = bad_checkpoints[case]
+    # after a good checkpoint for the scripts that take several: a bad one is named, whichever it is
+    checkpoints = [path] if script == "sample.py" else [trained_runs["xsa"], path]
+    proc = subprocess.run([sys.executable, f"eval/{script}", *checkpoints, "--device", "cpu"]
+                          + ([] if script == "sample.py" else ["--num_sequences", "2", "--out", str(tmp_path)]),
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr  # one line, no traceback
+    assert proc.stderr.startswith(f"cannot load checkpoint {path}: ") and reason in proc.stderr
