@@ -102,8 +102,9 @@ def main():
         variants = parse_variants(c["bench_variants"], c)
     except ConfigError as e:
         sys.exit(f"bench_variants: {e}")
-    x = torch.randint(0, 50257, (c["batch_size"], c["block_size"]), device=device)
-    y = torch.randint(0, 50257, (c["batch_size"], c["block_size"]), device=device)
+    vocab = min(50257, c["vocab_size"])  # GPT-2's ids, or fewer for a smaller vocabulary
+    x = torch.randint(0, vocab, (c["batch_size"], c["block_size"]), device=device)
+    y = torch.randint(0, vocab, (c["batch_size"], c["block_size"]), device=device)
     tokens_per_step = c["batch_size"] * c["block_size"]
     device_peak = peak_flops(device)
 
