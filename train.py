@@ -301,7 +301,7 @@ def train_loop(c, run, runtime, log, run_state, run_provenance):
 
     if c["compile"]:
         log.print("compiling the model: the first evaluation and the first step take longer")
-    if start_step == 0:  # the loss of the initialisation, the first point of every validation curve
+    if start_step == 0:  # the loss of the initialisation: about ln(vocab_size), a check of the setup
         val_loss = evaluate(run.model, run.val_x, run.val_y, runtime, c["batch_size"], run.dtype)
         # to the log and wandb; metrics.jsonl holds optimizer steps only, from step 1
         log.log({"step": 0, "val_loss": val_loss, "tokens": 0}, jsonl=False)
