@@ -49,7 +49,7 @@ def test_unknown_key_in_config_file_names_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["config/sa_tiny.py", "--learnig_rate=1e-3"], "unknown config key 'learnig_rate' in the command line; did you mean learning_rate?"),
+    (["config/sa_tiny.py", "--learnig_rate=1e-3"], "unknown config key 'learnig_rate' in the command line; did you mean learning_rate, muon_learning_rate?"),
     (["config/sa_tiny.py", "--n_layer=2.5"], "n_layer expects int (default 12), got float 2.5"),
     (["config/does_not_exist.py"], "config file 'config/does_not_exist.py' does not exist"),
     (["config/sa_tiny.py", "--batch_size=0"], "batch_size must be positive, got 0"),
