@@ -75,6 +75,14 @@ class MetricsLogger:
             self.wandb_run.finish()
 
 
+def format_count(n):
+    """'950', '153.6K', '12.58M', '100.0B': a token count readable from a tiny run to a full one."""
+    for scale, suffix, digits in ((1e9, "B", 1), (1e6, "M", 2), (1e3, "K", 1)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f}{suffix}"
+    return str(int(n))
+
+
 def format_duration(seconds):
     """'3d04h', '2h05m', '4m07s', '12s'; 'n/a' for None."""
     if seconds is None:

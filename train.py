@@ -103,7 +103,7 @@ BOOKKEEPING_KEYS = ("out_dir", "init_from", "eval_interval", "log_interval", "sa
 from checkpoint import Checkpointer, NonFiniteState, list_checkpoints, model_config, remove_temp_files  # noqa: E402
 from configurator import ConfigError, load_config, read_defaults  # noqa: E402
 from dataloader import TrainLoader, val_sequences  # noqa: E402
-from metrics import MetricsLogger, ThroughputMeter, format_duration  # noqa: E402
+from metrics import MetricsLogger, ThroughputMeter, format_count, format_duration  # noqa: E402
 from model import GPT  # noqa: E402
 from optimizers import OPTIMIZERS, build_optimizer, set_hyperparameters  # noqa: E402
 from parallelize import ACTIVATION_CHECKPOINTING, PARALLELISMS, clip_grad_norm, gradient_sync, is_sharded, parallelize  # noqa: E402
@@ -376,7 +376,7 @@ def train_loop(c, run, runtime, log, run_state, run_provenance):
                       f"grad norm {record['grad_norm']:.3f} | "
                       f"{'n/a' if tokens_per_sec is None else f'{tokens_per_sec:,.0f}'} tok/s | "
                       f"mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} | "
-                      f"peak mem {record['peak_mem_gb']:.2f} GB | tokens {record['tokens'] / 1e6:,.1f}M | "
+                      f"peak mem {record['peak_mem_gb']:.2f} GB | tokens {format_count(record['tokens'])} | "
                       f"elapsed {format_duration(record['elapsed_s'])} | eta {format_duration(eta)}"
                       + (f" | val loss {record['val_loss']:.4f}" if eval_step else ""))
         if sample_step:
