@@ -11,6 +11,8 @@ import time
 
 import torch
 
+from shards import write_atomically
+
 
 def read_metrics(path):
     """The records of a metrics.jsonl file, skipping a torn last line from a killed run."""
@@ -44,11 +46,8 @@ class MetricsLogger:
         """On resume: drop records logged after the checkpoint, so each step appears once."""
         if not self.enabled or not os.path.exists(self.metrics_path):
             return
-        kept = [r for r in read_metrics(self.metrics_path) if r.get("step", 0) <= step]
-        tmp = self.metrics_path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-        os.replace(tmp, self.metrics_path)
+        kept = "".join(json.dumps(r) + "\n" for r in read_metrics(self.metrics_path) if r.get("step", 0) <= step)
+        write_atomically(self.metrics_path, lambda f: f.write(kept.encode("utf-8")))
 
     def start_wandb(self, project, group, name, run_id, config):
         """Start (or, with the checkpoint's run_id, continue) the wandb run."""
