@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from configurator import read_defaults
 from model import GPT, GPTConfig
-from shards import fsync_dir, write_atomically
+from files import fsync_dir, remove_temp_files, write_atomically
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt_(\d+)(\.pt)?")
 RUN_STATE = "run_state.pt"  # in a sharded checkpoint: everything but the model and optimizer
@@ -83,7 +83,7 @@ def prune_checkpoints(out_dir, keep, known_good):
             remove_checkpoint(path)
 
 
-def remove_temp_files(out_dir):
+def clean_run_dir(out_dir):
     """Clean up after a process killed mid-write: remove checkpoint temp files and directories
     (ckpt_*.pt.tmp<pid>, ckpt_*.tmp/) and metrics/config temp files. A sharded checkpoint moved aside
     to be replaced by a new one of the same step (ckpt_*.old/) is put back if the new one never
@@ -93,9 +93,7 @@ def remove_temp_files(out_dir):
             shutil.rmtree(old)
         else:
             os.replace(old, old[:-len(".old")])
-    patterns = ("ckpt_*.tmp*", "metrics.jsonl.tmp*", "config.json.tmp*")
-    for path in sorted({p for pattern in patterns for p in glob.glob(os.path.join(out_dir, pattern))}):
-        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+    remove_temp_files(out_dir, ("ckpt_*.tmp*", "metrics.jsonl.tmp*", "config.json.tmp*"))
 
 
 class CorruptCheckpoint(ValueError):

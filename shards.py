@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 
+from files import write_atomically
+
 MAGIC = 20240520
 VERSION = 1
 HEADER_INTS = 256
@@ -24,34 +26,6 @@ TOKEN_DTYPE = np.dtype("<u2")
 
 class ShardError(ValueError):
     """A shard file that is missing, truncated or not in the llm.c format."""
-
-
-def fsync_dir(path):
-    """Make a rename inside directory `path` durable."""
-    if hasattr(os, "O_DIRECTORY"):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def write_atomically(path, write):
-    """Call write(f) on a temp file beside path, fsync it and rename it over path: a crash or a full
-    disk leaves either the old file or the whole new one, never a partial file. Used for shards,
-    manifests and checkpoints alike."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def write_shard(path, tokens):

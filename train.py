@@ -100,7 +100,7 @@ BOOKKEEPING_KEYS = ("out_dir", "init_from", "eval_interval", "log_interval", "sa
                     "wandb_run_name", "device", "compile", "backend", "parallelism", "reshard_after_forward",
                     "activation_checkpointing")
 
-from checkpoint import Checkpointer, NonFiniteState, list_checkpoints, model_config, remove_temp_files  # noqa: E402
+from checkpoint import Checkpointer, NonFiniteState, list_checkpoints, model_config, clean_run_dir  # noqa: E402
 from configurator import ConfigError, load_config, read_defaults  # noqa: E402
 from dataloader import TrainLoader, val_sequences  # noqa: E402
 from metrics import MetricsLogger, ThroughputMeter, format_count, format_duration  # noqa: E402
@@ -109,7 +109,7 @@ from optimizers import OPTIMIZERS, build_optimizer, set_hyperparameters  # noqa:
 from parallelize import ACTIVATION_CHECKPOINTING, PARALLELISMS, clip_grad_norm, gradient_sync, is_sharded, parallelize  # noqa: E402
 from runtime import (autocast, enable_tf32, peak_flops, peak_memory_gb, provenance,  # noqa: E402
                      resolve_dtype, setup_runtime, teardown_runtime)
-from shards import write_atomically  # noqa: E402
+from files import write_atomically  # noqa: E402
 
 
 class TrainingStopped(RuntimeError):
@@ -403,7 +403,7 @@ def train(c, runtime, log):
     """The training run described by the resolved config c: setup, resume, loop."""
     run = setup(c, runtime)
     if runtime.is_main and os.path.isdir(c["out_dir"]):
-        remove_temp_files(c["out_dir"])  # left by a process killed mid-write
+        clean_run_dir(c["out_dir"])  # left by a process killed mid-write
     if runtime.distributed:
         dist.barrier()
     run_state = resume(c, run, runtime, log)

@@ -20,7 +20,6 @@ shards byte-identical to an uninterrupted run.
 
 import argparse
 import collections
-import fcntl
 import glob
 import json
 import os
@@ -38,6 +37,7 @@ import tiktoken
 from tqdm import tqdm
 
 import shards
+from files import DirectoryLock, DirectoryLocked, remove_temp_files, write_atomically
 
 TOKENIZER = "gpt2"
 EOT = 50256  # <|endoftext|>, the delimiter that starts every document
@@ -274,7 +274,7 @@ def output_settings(args, files):
 def save_manifest(out_dir, manifest):
     """Atomic (temp file, fsync, rename): a kill leaves the old manifest or the new one."""
     text = json.dumps(manifest, indent=1)
-    shards.write_atomically(os.path.join(out_dir, MANIFEST), lambda f: f.write(text.encode()))
+    write_atomically(os.path.join(out_dir, MANIFEST), lambda f: f.write(text.encode()))
 
 
 def differences(old, new):
@@ -304,22 +304,6 @@ def load_manifest(out_dir, settings):
             sys.exit(f"cannot resume: {shard['file']} holds {ntok} tokens but {MANIFEST} says {shard['tokens']}")
     return manifest
 
-
-def lock_out_dir(out_dir):
-    """One writer per out_dir: a second run would delete the first one's temp files. A POSIX lock
-    (lockf, not flock) is not inherited by the forked workers, so it dies with this process."""
-    f = open(os.path.join(out_dir, ".prepare.lock"), "w")
-    try:
-        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        sys.exit(f"another prepare.py is writing to {out_dir}")
-    return f  # the lock lasts as long as this file stays open
-
-
-def remove_temp_files(out_dir):
-    """A killed run can leave the temp file of a shard or manifest it was writing; never a shard."""
-    for path in glob.glob(os.path.join(out_dir, "*.bin.tmp*")) + glob.glob(os.path.join(out_dir, f"{MANIFEST}.tmp*")):
-        os.remove(path)
 
 # -----------------------------------------------------------------------------
 # shards out
@@ -468,8 +452,11 @@ def main():
         return verify(args.out_dir)
     files = expand_inputs(args.input) if args.input else None
     os.makedirs(args.out_dir, exist_ok=True)
-    lock = lock_out_dir(args.out_dir)  # noqa: F841 (held until the process exits)
-    remove_temp_files(args.out_dir)
+    try:  # one writer per out_dir: a second run would delete the first one's temp files
+        lock = DirectoryLock(args.out_dir, ".prepare.lock").acquire()  # noqa: F841 (held until the process exits)
+    except DirectoryLocked as e:
+        sys.exit(f"another prepare.py is writing to {args.out_dir}: {e}")
+    remove_temp_files(args.out_dir, ("*.bin.tmp*", f"{MANIFEST}.tmp*"))  # a killed run's; never a shard
     manifest = load_manifest(args.out_dir, output_settings(args, files))
     if manifest["complete"]:
         print(f"nothing to do: {args.out_dir} is complete ({len(manifest['shards'])} shards, "
