@@ -89,6 +89,20 @@ def exclude_self_reference(y, v):
     return y - (y * vn).sum(dim=-1, keepdim=True) * vn
 
 
+def _normalized(v):
+    """(v / max(|v|, eps), 1 / max(|v|, eps), |v|) with F.normalize's eps. The eps is a literal:
+    dynamo traces a literal into the graph, where reading a class attribute breaks it."""
+    norm = v.norm(dim=-1, keepdim=True)
+    r = 1.0 / norm.clamp_min(1e-12)
+    return v * r, r, norm
+
+
+def _at_least_fp32(*tensors):
+    # the reductions in fp32 at least; float64 stays float64 (gradcheck)
+    dtype = torch.promote_types(tensors[0].dtype, torch.float32)
+    return [t.to(dtype) for t in tensors]
+
+
 class ExcludeSelf(torch.autograd.Function):
     """
     Same result as exclude_self_reference, with a hand-written backward.
@@ -99,40 +113,28 @@ class ExcludeSelf(torch.autograd.Function):
         dL/dy = g - s vn,   u = -(c g + s y),   dL/dv = (u - (u.vn) vn) r
     v may broadcast against y (GQA: one value head for a group of query heads); its gradient then
     sums u over the group before the projection, which is linear in u.
+    forward and backward read only tensors and literals, so torch.compile keeps them in one graph.
     """
-    eps = 1e-12  # as F.normalize
-
-    @staticmethod
-    def _normalize(v):
-        norm = v.norm(dim=-1, keepdim=True)
-        r = 1.0 / norm.clamp_min(ExcludeSelf.eps)
-        return v * r, r, norm
-
-    @staticmethod
-    def _upcast(*tensors):
-        # at least fp32 for the reductions; float64 stays float64 (gradcheck)
-        dtype = torch.promote_types(tensors[0].dtype, torch.float32)
-        return [t.to(dtype) for t in tensors]
 
     @staticmethod
     def forward(ctx, y, v):
         ctx.save_for_backward(y, v)
-        yf, vf = ExcludeSelf._upcast(y, v)
-        vn, _, _ = ExcludeSelf._normalize(vf)
+        yf, vf = _at_least_fp32(y, v)
+        vn, _, _ = _normalized(vf)
         c = (yf * vn).sum(dim=-1, keepdim=True)
         return (yf - c * vn).to(y.dtype)
 
     @staticmethod
     def backward(ctx, grad_z):
         y, v = ctx.saved_tensors
-        yf, vf, g = ExcludeSelf._upcast(y, v, grad_z)
-        vn, r, norm = ExcludeSelf._normalize(vf)
+        yf, vf, g = _at_least_fp32(y, v, grad_z)
+        vn, r, norm = _normalized(vf)
         c = (yf * vn).sum(dim=-1, keepdim=True)
         s = (g * vn).sum(dim=-1, keepdim=True)
         grad_y = g - s * vn
         u = (-(c * g + s * yf)).sum_to_size(vf.shape)  # summed over the query heads sharing v
         # below eps F.normalize is v / eps, a plain scaling with no tangential projection
-        tangential = torch.where(norm > ExcludeSelf.eps, (u * vn).sum(dim=-1, keepdim=True), 0.0)
+        tangential = torch.where(norm > 1e-12, (u * vn).sum(dim=-1, keepdim=True), 0.0)
         grad_v = (u - tangential * vn) * r
         return grad_y.to(y.dtype), grad_v.to(v.dtype)
 
@@ -191,17 +193,22 @@ class CausalSelfAttention(nn.Module):
         v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
+    def exclude_self(self, y, v):
+        """XSA on the heads' outputs y (B, n_head, T, head_dim) given their values v; gated XSA
+        removes tanh(alpha) of the projection instead of all of it."""
+        z = exclude_self(y, v)
+        if self.xsa_alpha is None:
+            return z
+        gate = torch.tanh(self.xsa_alpha).view(1, -1, 1, 1).to(y.dtype)
+        return y + gate * (z - y)  # = y - tanh(alpha) * proj
+
     def forward(self, x, cos, sin):
         B, T, _ = x.size()
         q, k, v = self.project_qkv(x, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head,
                                            dropout_p=self.dropout if self.training else 0.0)
         if self.attn_type == "xsa":
-            z = exclude_self(y, v)
-            if self.xsa_alpha is not None:
-                gate = torch.tanh(self.xsa_alpha).view(1, -1, 1, 1).to(y.dtype)
-                z = y + gate * (z - y)  # = y - tanh(alpha) * proj
-            y = z
+            y = self.exclude_self(y, v)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
         return self.resid_dropout(self.c_proj(y))
 

@@ -285,3 +285,46 @@ def test_generate_greedy_is_argmax_continuation():
     assert out.shape == (1, 8) and torch.equal(out[:, :5], idx)
     for t in range(5, 8):
         assert out[0, t] == model(out[:, :t])[0][0, -1].argmax()
+
+
+# every variant a researcher can pick: each must trace whole, or torch.compile runs part of it eagerly
+COMPILE_VARIANTS = {"sa": dict(), "xsa": dict(attn_type="xsa"), "gated": dict(attn_type="xsa", xsa_gate=True),
+                    "gqa": dict(attn_type="xsa", n_kv_head=1, n_head=4, head_dim=8),
+                    "sinks": dict(attn_type="xsa", n_sinks=2), "xsa_layers": dict(attn_type="xsa", xsa_layers=1),
+                    "sa_sinks_gqa": dict(n_sinks=1, n_kv_head=1)}
+
+
+@pytest.mark.parametrize("variant", list(COMPILE_VARIANTS))
+def test_the_whole_model_traces_as_one_graph_without_a_break(variant):
+    """dynamo sees the forward and loss in one graph: a break inside the block loop would leave the
+    embedding, head, loss and XSA's backward to run eagerly."""
+    import torch._dynamo as dynamo
+    model = GPT(GPTConfig(**{**MICRO, "vocab_size": 512, **COMPILE_VARIANTS[variant]}))
+    x = torch.randint(0, 512, (2, MICRO["block_size"]))
+    dynamo.reset()
+    explained = dynamo.explain(lambda idx, targets: model(idx, targets)[1])(x, x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+@pytest.mark.parametrize("variant", ["xsa", "gated", "gqa"])
+def test_fullgraph_compiled_forward_and_backward_match_eager(variant):
+    """fullgraph=True refuses any break; AOTAutograd traces ExcludeSelf's hand-written backward.
+    The aot_eager backend checks the traced graphs without waiting for the C++ compiler."""
+    import torch._dynamo as dynamo
+    dynamo.reset()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**MICRO, "vocab_size": 512, **COMPILE_VARIANTS[variant]}))
+    if model.transformer.h[0].attn.xsa_alpha is not None:
+        for block in model.transformer.h:
+            torch.nn.init.normal_(block.attn.xsa_alpha)  # a gate between SA and XSA
+    x = torch.randint(0, 512, (2, MICRO["block_size"]))
+    grads = []
+    for run in (model, torch.compile(model, backend="aot_eager", fullgraph=True)):
+        model.zero_grad(set_to_none=True)
+        loss = run(x, x)[1]
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (eager_loss, eager_grads), (compiled_loss, compiled_grads) = grads
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    for a, b in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
