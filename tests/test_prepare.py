@@ -1,15 +1,24 @@
 """data/fineweb/prepare.py, run as a script on FineWeb-shaped local files, checked against tiktoken
-called directly; its errors on bad input; and prepare.py, download.py and quickstart.sh without the Hub."""
+called directly; its errors on bad input and on an out_dir it cannot write; its progress bar and lock;
+prepare.py, download.py and quickstart.sh without the Hub; and the commands docs/data.md gives."""
 
+import errno
+import fcntl
 import glob
 import importlib.util
+import io
 import json
 import os
+import pty
+import re
+import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 import numpy as np
@@ -19,17 +28,24 @@ import pytest
 import tiktoken
 
 from conftest import CORPUS, EOT, REPO
+from files import DirectoryLock
 from shards import read_header, read_shard, write_shard
 
-PREPARE = os.path.join(REPO, "data", "fineweb", "prepare.py")
-DOWNLOAD = os.path.join(REPO, "data", "fineweb", "download.py")
+FINEWEB = os.path.join(REPO, "data", "fineweb")
+sys.path.append(FINEWEB)  # its scripts import their sibling modules (hub_access, paragraphs), as when run
+from paragraphs import split_into_documents  # noqa: E402
+
+PREPARE = os.path.join(FINEWEB, "prepare.py")
+DOWNLOAD = os.path.join(FINEWEB, "download.py")
+LOCK = ".prepare.lock"
 SHARD_SIZE, VAL_TOKENS = 20_000, 30_000  # ~240k tokens of test documents -> 1 val + 11 train shards
 
 
 def load_script(name):
     """Import data/fineweb/<name>.py under a name of its own, for its functions."""
-    spec = importlib.util.spec_from_file_location(f"fineweb_{name}", os.path.join(REPO, "data", "fineweb", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(f"fineweb_{name}", os.path.join(FINEWEB, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where a worker process looks up the functions it is sent
     spec.loader.exec_module(module)
     return module
 
@@ -45,17 +61,6 @@ def run_prepare(*args, check=True):
 def prepare_args(inputs, out_dir, *extra):
     return ["--input", *inputs, "--out_dir", out_dir, "--shard_size", SHARD_SIZE, "--val_tokens", VAL_TOKENS,
             "--num_proc", 2, *extra]
-
-
-def split_into_documents(text, size=2000):
-    """Paragraphs joined into documents of about `size` characters, like FineWeb's web pages."""
-    docs, current = [], ""
-    for paragraph in text.split("\n\n"):
-        current += paragraph + "\n\n"
-        if len(current) >= size:
-            docs.append(current)
-            current = ""
-    return docs + [current] if current else docs
 
 
 def write_fineweb_parquet(path, docs, row_group_size=64):
@@ -99,7 +104,7 @@ def expected_tokens(docs):
 @pytest.fixture(scope="session")
 def docs(corpus_docs):
     """~360 documents of ~2KB, plus the awkward ones: empty, and text that spells a special token."""
-    docs = [d for play in corpus_docs for d in split_into_documents(play)]
+    docs = [d for play in corpus_docs for d in split_into_documents(play, 2000)]
     return docs[:300] + ["", "a literal <|endoftext|> in the text", "naïve café, 日本語 ✓"] + docs[300:]
 
 
@@ -233,6 +238,23 @@ def test_a_token_that_does_not_fit_uint16_fails_loudly(monkeypatch):
     monkeypatch.setattr(prepare.tiktoken, "get_encoding", lambda name: HugeVocab())
     with pytest.raises(ValueError, match="70000 does not fit in uint16"):
         prepare.tokenize_batch(["x"])
+
+@pytest.mark.parametrize("doc_chars", [1, 2000, 10**9])
+def test_split_into_documents_cuts_at_paragraph_breaks_once_long_enough(corpus_docs, doc_chars):
+    for text in corpus_docs:
+        docs = split_into_documents(text, doc_chars)
+        assert "".join(docs) == text + "\n\n"  # nothing lost, nothing reordered
+        assert all(d.endswith("\n\n") for d in docs)
+        for doc in docs[:-1]:  # long enough, and not one paragraph longer than needed
+            last_paragraph = doc[:-2].split("\n\n")[-1]
+            assert len(doc) >= doc_chars > len(doc) - len(last_paragraph) - 2
+    assert len(split_into_documents(corpus_docs[0], 10**9)) == 1
+
+
+def test_bench_tokenize_documents_are_the_shared_split(corpus_docs):
+    bench = load_script("bench_tokenize")
+    assert bench.load_documents([CORPUS[0]], 3000, repeat=2) == split_into_documents(corpus_docs[0], 3000) * 2
+
 
 # -----------------------------------------------------------------------------
 # bad input: one line naming the file (and line or row), not a traceback
@@ -445,6 +467,176 @@ def test_resume_refuses_a_kept_shard_that_was_damaged(prepared, parquet_file, tm
     assert "cannot resume" in result.stderr and "fineweb_train_000002.bin" in result.stderr
 
 # -----------------------------------------------------------------------------
+# the lock on out_dir, and an out_dir that cannot be written
+
+
+def test_no_lock_file_is_left_behind(prepared, parquet_file, tmp_path):
+    """Finished, with nothing to do, refused, or stopped by bad input: the lock file goes with the run."""
+    assert not os.path.exists(os.path.join(prepared, LOCK))
+    assert "nothing to do" in run_prepare(*prepare_args([parquet_file], prepared)).stdout
+    assert not os.path.exists(os.path.join(prepared, LOCK))
+    refused = run_prepare("--input", parquet_file, "--out_dir", prepared, "--shard_size", 7, check=False)
+    assert refused.returncode == 1 and "other settings" in refused.stderr
+    assert not os.path.exists(os.path.join(prepared, LOCK))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"no text": 1}\n')
+    failed = run_prepare("--input", CORPUS[0], str(bad), "--out_dir", tmp_path / "out", "--num_proc", 1, check=False)
+    assert failed.returncode == 1 and "no `text` field" in failed.stderr
+    assert LOCK not in os.listdir(tmp_path / "out")
+
+
+def test_a_second_writer_is_refused_and_leaves_the_first_ones_lock(parquet_file, tmp_path):
+    out_dir = str(tmp_path / "out")
+    os.makedirs(out_dir)
+    with DirectoryLock(out_dir, LOCK) as held:
+        result = run_prepare(*prepare_args([parquet_file], out_dir), check=False)
+        assert result.returncode == 1 and "another prepare.py is writing to" in result.stderr
+        assert f"PID {os.getpid()}" in result.stderr
+        with open(held.path) as f:  # the refused run neither removed nor rewrote the holder's lock file
+            assert f.read() == f"{os.getpid()}\n"
+    assert os.listdir(out_dir) == []
+
+
+def out_dir_under_a_file(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    return str(tmp_path / "a_file" / "out")
+
+
+def read_only_dir(tmp_path):
+    """Read-only for a user; root writes through the mode bits, so then the case is skipped."""
+    if os.geteuid() == 0:
+        pytest.skip("root can write to a read-only directory")
+    path = tmp_path / "read_only"
+    path.mkdir()
+    path.chmod(0o555)
+    return str(path)
+
+
+@pytest.mark.parametrize("make_out_dir", [out_dir_under_a_file, read_only_dir])
+def test_an_out_dir_that_cannot_be_written_fails_in_one_line(parquet_file, tmp_path, make_out_dir):
+    out_dir = make_out_dir(tmp_path)
+    result = run_prepare(*prepare_args([parquet_file], out_dir), check=False)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    message = result.stderr.strip().splitlines()
+    assert len(message) == 1 and message[0].startswith(f"cannot write to {out_dir} (")
+    assert "choose an --out_dir you can write to" in message[0]
+
+
+def test_a_full_disk_stops_in_one_line_and_the_rerun_resumes(prepared, parquet_file, tmp_path, monkeypatch, capsys):
+    """No space left for the third shard: one line saying what to do, the two shards before it kept, no
+    lock left, and the same command finishes the job with the shards of an uninterrupted run."""
+    prepare = load_script("prepare")
+    out_dir = str(tmp_path / "out")
+    write_shard = prepare.shards.write_shard
+
+    def disk_full_at_the_third_shard(path, tokens):
+        if path.endswith("_000002.bin"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write_shard(path, tokens)
+    monkeypatch.setattr(prepare.shards, "write_shard", disk_full_at_the_third_shard)
+    monkeypatch.setattr(sys, "argv", [PREPARE, *map(str, prepare_args([parquet_file], out_dir, "--quiet"))])
+    with pytest.raises(SystemExit) as stop:
+        prepare.main()
+    assert str(stop.value).startswith(f"cannot write to {out_dir} ([Errno {errno.ENOSPC}] No space left on device)")
+    assert "rerun the same command" in str(stop.value)
+    assert listed_shards(out_dir) == ["fineweb_val_000000.bin", "fineweb_train_000001.bin"]
+    assert not os.path.exists(os.path.join(out_dir, LOCK))
+    assert leftover_temp_files(out_dir) == []
+
+    result = run_prepare(*prepare_args([parquet_file], out_dir))
+    assert "keeping 2 shards" in result.stdout
+    assert shard_bytes(out_dir) == shard_bytes(prepared)
+
+# -----------------------------------------------------------------------------
+# progress bars: with an ETA on a terminal, none in a log or with --quiet
+
+
+def run_on_a_terminal(cmd):
+    """Run cmd with its stderr on a pseudo-terminal (100 columns); returns (exit status, stderr text)."""
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=terminal)
+    os.close(terminal)
+    output = b""
+    while True:  # read as it comes, so that a full terminal buffer never blocks the process
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(controller)
+    return proc.wait(timeout=120), output.decode()
+
+
+def last_bar(stderr):
+    return re.split(r"[\r\n]+", stderr.strip())[-1]
+
+
+ETA = re.compile(r"\[\d\d:\d\d<\d\d:\d\d")  # [elapsed<remaining
+
+
+def test_progress_bar_counts_documents_to_the_total_of_the_input(parquet_file, docs, tmp_path):
+    status, stderr = run_on_a_terminal([sys.executable, PREPARE, *map(str, prepare_args([parquet_file], tmp_path / "a"))])
+    assert status == 0
+    bar = last_bar(stderr)
+    assert bar.startswith("100%") and f" {len(docs)}/{len(docs)} " in bar and ETA.search(bar), bar
+
+
+def test_progress_bar_counts_tokens_to_max_tokens(parquet_file, tmp_path):
+    cmd = [sys.executable, PREPARE, *map(str, prepare_args([parquet_file], tmp_path / "a", "--max_tokens", 55_555))]
+    status, stderr = run_on_a_terminal(cmd)
+    assert status == 0
+    bar = last_bar(stderr)
+    assert bar.startswith("100%") and " 55.6k/55.6k " in bar and ETA.search(bar), bar
+
+
+def test_no_progress_bar_with_quiet_or_in_a_log(parquet_file, tmp_path):
+    status, stderr = run_on_a_terminal([sys.executable, PREPARE, *map(str, prepare_args([parquet_file], tmp_path / "a",
+                                                                                        "--quiet"))])
+    assert status == 0 and stderr.strip() == ""
+    logged = run_prepare(*prepare_args([parquet_file], tmp_path / "b"))  # stderr is a pipe
+    assert logged.stderr.strip() == "" and "done:" in logged.stdout
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_download_shows_a_bar_of_the_shards_left(tmp_path, monkeypatch, capsys, quiet):
+    """download.py with a stand-in for the Hub: the bar counts the shards to fetch (one is already there)."""
+    import huggingface_hub
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+    download = load_script("download")
+    fetched = []
+
+    def fake_hf_hub_download(repo_id, filename, repo_type, local_dir, force_download):
+        fetched.append(filename)
+        write_shard(os.path.join(local_dir, filename), np.arange(10, dtype=np.uint16))
+        return os.path.join(local_dir, filename)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hf_hub_download)
+    monkeypatch.setattr(download, "check_hub", lambda repo_id, instead: None)
+    write_shard(str(tmp_path / "fineweb_train_000001.bin"), np.arange(10, dtype=np.uint16))
+    monkeypatch.setattr(sys, "argv", [DOWNLOAD, "--shards", "3", "--out_dir", str(tmp_path)] + ["--quiet"] * quiet)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    try:
+        download.main()
+        assert are_progress_bars_disabled() == quiet  # huggingface_hub's bar of each file too
+    finally:
+        enable_progress_bars()
+    assert fetched == ["fineweb_val_000000.bin", "fineweb_train_000002.bin", "fineweb_train_000003.bin"]
+    bar = last_bar(sys.stderr.getvalue())
+    if quiet:
+        assert bar == ""
+    else:
+        assert bar.startswith("100%") and " 4/4 " in bar and ETA.search(bar), bar
+    assert "done: 4 shards, 40 tokens" in capsys.readouterr().out
+
+# -----------------------------------------------------------------------------
 # --verify
 
 
@@ -469,6 +661,42 @@ def test_verify_names_a_shard_with_a_wrong_magic(prepared, tmp_path):
     result = run_prepare("--verify", "--out_dir", out_dir, check=False)
     assert result.returncode != 0
     assert "fineweb_val_000000.bin" in result.stderr and "magic" in result.stderr
+
+# -----------------------------------------------------------------------------
+# docs/data.md as written
+
+
+def documented_commands(path):
+    """The commands in a markdown file's bash blocks, as token lists (comments dropped)."""
+    with open(path) as f:
+        blocks = re.findall(r"```bash\n(.*?)```", f.read(), re.S)
+    commands = []
+    for line in "\n".join(blocks).splitlines():
+        tokens = shlex.split(line, comments=True)
+        while tokens and re.fullmatch(r"[A-Z_]+=.*", tokens[0]):  # VAR=value before the command
+            tokens.pop(0)
+        if tokens:
+            commands.append(tokens)
+    return commands
+
+
+def test_every_command_in_data_md_is_installed_and_takes_its_flags():
+    """What docs/data.md tells a user to type exists once requirements.txt is installed: each program on
+    PATH, each flag in the --help of its script or subcommand (e.g. the Hub's CLI, renamed in the past)."""
+    commands = documented_commands(os.path.join(REPO, "docs", "data.md"))
+    programs = {tokens[0] for tokens in commands}
+    assert {"python", "hf"} <= programs  # the tokenizer and the FineWeb download are both documented
+    flags = {}  # (program, script or subcommand) -> flags used with it
+    for program, target, *args in commands:
+        assert shutil.which(program), f"docs/data.md runs `{program}`, which is not on PATH"
+        flags.setdefault((program, target), set()).update(a.split("=")[0] for a in args if a.startswith("--"))
+    for (program, target), used in flags.items():
+        cmd = [sys.executable, target] if program == "python" else [shutil.which(program), target]
+        result = subprocess.run([*cmd, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        unknown = {flag for flag in used if not re.search(rf"{re.escape(flag)}\b", result.stdout)}
+        assert not unknown, f"docs/data.md gives `{program} {target}` flags its --help does not list: {unknown}"
+
 
 # -----------------------------------------------------------------------------
 # download.py
@@ -506,14 +734,21 @@ def run_without_hub(cmd, hub, tmp_path, **env):
     return result, time.time() - t0
 
 
-@pytest.mark.parametrize("hub", HUB_DOWN)
-def test_prepare_without_the_hub_says_to_use_input(hub, tmp_path):
-    result, seconds = run_without_hub([sys.executable, PREPARE, "--out_dir", str(tmp_path / "out")], hub, tmp_path)
+def hub_message(result, repo_id):
+    """The one line a script without the Hub prints, checked for the form that prepare.py and download.py share."""
     assert result.returncode == 3  # quickstart.sh tells this failure from the others by its status
     assert "Traceback" not in result.stderr
     message = result.stderr.strip().splitlines()
-    assert len(message) == 1 and "HuggingFaceFW/fineweb" in message[0] and "--input" in message[0]
+    assert len(message) == 1 and message[0].startswith(f"cannot read {repo_id} from the Hugging Face Hub (")
+    return message[0]
+
+
+@pytest.mark.parametrize("hub", HUB_DOWN)
+def test_prepare_without_the_hub_says_to_use_input(hub, tmp_path):
+    result, seconds = run_without_hub([sys.executable, PREPARE, "--out_dir", str(tmp_path / "out")], hub, tmp_path)
+    assert "--input" in hub_message(result, "HuggingFaceFW/fineweb")
     assert seconds < 15
+    assert not os.path.exists(tmp_path / "out" / LOCK)
 
 
 def test_prepare_without_the_bpe_files_says_to_set_tiktoken_cache_dir(tmp_path):
@@ -533,10 +768,7 @@ def test_download_without_the_hub_says_to_use_prepare_input(hub, tmp_path):
     out_dir = tmp_path / "out"
     cmd = [sys.executable, DOWNLOAD, "--shards", "2", "--out_dir", str(out_dir)]
     result, seconds = run_without_hub(cmd, hub, tmp_path)
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    message = result.stderr.strip().splitlines()
-    assert len(message) == 1 and "kjj0/fineweb100B-gpt2" in message[0] and "prepare.py --input" in message[0]
+    assert "prepare.py --input" in hub_message(result, "kjj0/fineweb100B-gpt2")
     assert seconds < 15
     assert not out_dir.exists()
 

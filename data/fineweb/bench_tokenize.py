@@ -18,26 +18,16 @@ from multiprocessing import Pool
 
 import tiktoken
 
+from paragraphs import split_into_documents
 from prepare import DOCS_PER_BATCH, TOKENIZER, batched, expand_inputs, imap_ordered, iter_local_documents, tokenize_batch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEST_CORPUS = os.path.join(REPO, "tests", "fixtures", "corpus", "*.txt")
 
 
-def split_paragraphs(text, doc_chars):
-    """Consecutive paragraphs joined into documents of at least doc_chars characters (the last may be shorter)."""
-    docs, current = [], ""
-    for paragraph in text.split("\n\n"):
-        current += paragraph + "\n\n"
-        if len(current) >= doc_chars:
-            docs.append(current)
-            current = ""
-    return docs + [current] if current else docs
-
-
 def load_documents(patterns, doc_chars, repeat):
     texts = iter_local_documents(expand_inputs(patterns), 0)
-    docs = [doc for text in texts for doc in split_paragraphs(text, doc_chars)]
+    docs = [doc for text in texts for doc in split_into_documents(text, doc_chars)]
     return docs * repeat
 
 

@@ -13,9 +13,12 @@ import argparse
 import os
 import sys
 
+from tqdm import tqdm
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import shards
+from hub_access import check_hub, one_line
 
 TRAIN_SHARDS = {"kjj0/fineweb100B-gpt2": 1030, "kjj0/fineweb10B-gpt2": 103}  # all of each dataset
 
@@ -33,23 +36,6 @@ def is_valid_shard(path):
         return False
 
 
-def reason(e):
-    """An exception in one line: the libraries' own tracebacks run to dozens of lines and bury the way out."""
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
-
-
-def check_hub(repo_id):
-    """Fail at once when the Hub is out of reach, where hf_hub_download would retry for half a
-    minute per file first. One metadata request: it fails fast offline and honours proxy settings."""
-    from huggingface_hub import HfApi
-    try:
-        HfApi().dataset_info(repo_id, timeout=10)
-    except Exception as e:
-        sys.exit(f"cannot reach {repo_id} on the Hugging Face Hub ({reason(e)}); without Hub access, make the shards "
-                 f"from local text files instead: python data/fineweb/prepare.py --input 'my_texts/*.txt'")
-
-
 def download_shard(repo_id, filename, out_dir):
     """Fetch one shard and check its header and size."""
     from huggingface_hub import hf_hub_download  # only this script needs it
@@ -58,7 +44,7 @@ def download_shard(repo_id, filename, out_dir):
         path = hf_hub_download(repo_id=repo_id, filename=filename, repo_type="dataset", local_dir=out_dir,
                                force_download=os.path.exists(path))  # a damaged copy: fetch it again
     except Exception as e:  # the connection lost midway, a file the repo does not have, ...
-        sys.exit(f"{filename}: download from {repo_id} failed ({reason(e)}); rerun to resume")
+        sys.exit(f"{filename}: download from {repo_id} failed ({one_line(e)}); rerun to resume")
     try:
         return shards.read_header(path)
     except shards.ShardError as e:
@@ -70,6 +56,8 @@ def main():
     parser.add_argument("--dataset", default="kjj0/fineweb100B-gpt2", help="a Hugging Face dataset repo of llm.c shards")
     parser.add_argument("--shards", type=int, default=None, help="number of train shards (default: all)")
     parser.add_argument("--out_dir", default="data/fineweb/fineweb100B")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bars (there are none either when stderr is not a terminal)")
     args = parser.parse_args()
     num_train = args.shards if args.shards is not None else TRAIN_SHARDS.get(args.dataset)
     if num_train is None or num_train < 0:
@@ -78,14 +66,26 @@ def main():
     filenames = shard_filenames(num_train)
     missing = {name for name in filenames if not is_valid_shard(os.path.join(args.out_dir, name))}
     if missing:  # a complete directory needs no Hub
-        check_hub(args.dataset)
+        check_hub(args.dataset, "make the shards from local text files instead: "
+                                "python data/fineweb/prepare.py --input 'my_texts/*.txt'")
     os.makedirs(args.out_dir, exist_ok=True)
+    if args.quiet:  # huggingface_hub's own bar, one per file
+        from huggingface_hub.utils import disable_progress_bars
+        disable_progress_bars()
     total = 0
-    for filename in filenames:
-        path = os.path.join(args.out_dir, filename)
-        ntok = download_shard(args.dataset, filename, args.out_dir) if filename in missing else shards.read_header(path)
-        total += ntok
-        print(f"{filename}: {ntok:,} tokens", flush=True)
+    # ETA from the downloads alone: the shards already there count as done from the start.
+    # disable=None: no bar when stderr is not a terminal (a log would fill with carriage returns)
+    with tqdm(total=len(filenames), initial=len(filenames) - len(missing), unit="shard", dynamic_ncols=True,
+              disable=True if args.quiet else None) as bar:
+        for filename in filenames:
+            if filename in missing:
+                ntok = download_shard(args.dataset, filename, args.out_dir)
+                bar.update()
+            else:
+                ntok = shards.read_header(os.path.join(args.out_dir, filename))
+            total += ntok
+            bar.write(f"{filename}: {ntok:,} tokens", file=sys.stdout)
+            sys.stdout.flush()
     print(f"done: {num_train + 1} shards, {total:,} tokens in {args.out_dir}")
 
 

@@ -20,6 +20,7 @@ shards byte-identical to an uninterrupted run.
 
 import argparse
 import collections
+import errno
 import glob
 import json
 import os
@@ -38,13 +39,14 @@ from tqdm import tqdm
 
 import shards
 from files import DirectoryLock, DirectoryLocked, remove_temp_files, write_atomically
+from hub_access import check_hub, exit_unreachable
 
 TOKENIZER = "gpt2"
 EOT = 50256  # <|endoftext|>, the delimiter that starts every document
 EOT_ARRAY = np.array([EOT], dtype=np.uint32)
 DOCS_PER_BATCH = 256  # documents per worker task: ~200k tokens of FineWeb, enough to amortise the IPC
 MANIFEST = "manifest.json"
-HUB_UNREACHABLE = 3  # exit status when the Hub cannot be read, so that scripts can suggest local files
+LOCAL_FILES_INSTEAD = "tokenize local files instead: --input 'fineweb_parquet/*.parquet' (or .jsonl, .txt files)"
 
 # -----------------------------------------------------------------------------
 # documents in: a stream of texts, numbered from 0, that can start at any document index
@@ -172,26 +174,6 @@ def iter_local_documents(files, start):
         start = 0
 
 
-def hub_error(dataset, e):
-    """One line for a Hub that cannot be read (offline, no network, no such dataset): the
-    libraries' own tracebacks run to dozens of lines and bury the way out."""
-    lines = str(e).strip().splitlines()
-    reason = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
-    return (f"cannot stream {dataset} from the Hugging Face Hub ({reason}); without Hub access, "
-            f"tokenize local files instead: --input 'fineweb_parquet/*.parquet' (or .jsonl, .txt files)")
-
-
-def check_hub(dataset):
-    """Fail at once when the Hub is out of reach: load_dataset retries for half a minute first. One
-    metadata request, which fails fast offline and honours the proxy settings as the stream would."""
-    from huggingface_hub import HfApi
-    try:
-        HfApi().dataset_info(dataset, timeout=10)
-    except Exception as e:
-        print(hub_error(dataset, e), file=sys.stderr)
-        sys.exit(HUB_UNREACHABLE)
-
-
 def iter_hub_documents(dataset, name, start):
     """Texts streamed from the Hugging Face Hub from document index `start` on. The stream is opened
     now, not at the first document, so that a failure to open it is reported before the progress bar."""
@@ -199,8 +181,7 @@ def iter_hub_documents(dataset, name, start):
     try:
         ds = load_dataset(dataset, name=name, split="train", streaming=True)
     except Exception as e:
-        print(hub_error(dataset, e), file=sys.stderr)
-        sys.exit(HUB_UNREACHABLE)
+        exit_unreachable(dataset, e, LOCAL_FILES_INSTEAD)
     if start:
         ds = ds.skip(start)
     return (example["text"] for example in ds)
@@ -348,6 +329,10 @@ class ShardWriter:
         self.first_doc, self.first_offset = self.doc, self.offset
 
     @property
+    def tokens_so_far(self):
+        return self.tokens_written + self.filled
+
+    @property
     def done(self):
         return len(self.buf) == 0  # max_tokens reached
 
@@ -438,6 +423,8 @@ def parse_args():
     parser.add_argument("--dataset", default="HuggingFaceFW/fineweb")
     parser.add_argument("--name", default="sample-100BT")
     parser.add_argument("--verify", action="store_true", help="check the shards in --out_dir and exit")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bar (there is none either when stderr is not a terminal)")
     args = parser.parse_args()
     for flag in ("shard_size", "val_tokens", "max_tokens", "num_proc"):
         value = getattr(args, flag)
@@ -446,16 +433,21 @@ def parse_args():
     return args
 
 
-def main():
-    args = parse_args()
-    if args.verify:
-        return verify(args.out_dir)
-    files = expand_inputs(args.input) if args.input else None
-    os.makedirs(args.out_dir, exist_ok=True)
-    try:  # one writer per out_dir: a second run would delete the first one's temp files
-        lock = DirectoryLock(args.out_dir, ".prepare.lock").acquire()  # noqa: F841 (held until the process exits)
-    except DirectoryLocked as e:
-        sys.exit(f"another prepare.py is writing to {args.out_dir}: {e}")
+def progress_bar(args, files, writer):
+    """A bar with an ETA: in tokens up to --max_tokens, else in documents, whose total is known at no
+    cost for parquet (the footers) and .txt files; for jsonl or the Hub stream, a count and a rate."""
+    disable = True if args.quiet else None  # None: no bar when stderr is not a terminal (a log file)
+    if args.max_tokens:
+        return tqdm(total=args.max_tokens, initial=writer.tokens_so_far, unit="tok", unit_scale=True,
+                    dynamic_ncols=True, disable=disable)
+    total = None
+    if files and not any(path.endswith(".jsonl") for path in files):  # counting jsonl lines means reading it all
+        total = sum(count_documents(path) for path in files)
+    return tqdm(total=total, initial=writer.doc, unit="docs", unit_scale=True, dynamic_ncols=True, disable=disable)
+
+
+def write_shards(args, files):
+    """Tokenize the documents not yet in out_dir's shards and write the rest of the shards."""
     remove_temp_files(args.out_dir, ("*.bin.tmp*", f"{MANIFEST}.tmp*"))  # a killed run's; never a shard
     manifest = load_manifest(args.out_dir, output_settings(args, files))
     if manifest["complete"]:
@@ -463,7 +455,7 @@ def main():
               f"{manifest['tokens']:,} tokens from {manifest['documents']:,} documents)")
         return
     if not files:
-        check_hub(args.dataset)
+        check_hub(args.dataset, LOCAL_FILES_INSTEAD)
 
     writer = ShardWriter(args.out_dir, manifest)
     start_doc, start_tokens, start_shards = writer.doc, writer.tokens_written, len(manifest["shards"])
@@ -480,13 +472,13 @@ def main():
         batches = imap_ordered(pool, tokenize_batch, batched(texts, DOCS_PER_BATCH), max_in_flight=4 * args.num_proc)
         t0 = time.time()
         # closed on an input error too, so that the error starts a line of its own
-        with tqdm(initial=start_doc, unit="docs", unit_scale=True, dynamic_ncols=True) as bar:
+        with progress_bar(args, files, writer) as bar:
             for tokens, doc_lengths in batches:
                 writer.add(tokens, doc_lengths)
-                bar.update(len(doc_lengths))
-                tokens_this_run = writer.tokens_written + writer.filled - start_tokens
-                bar.set_postfix(tok_per_s=f"{tokens_this_run / (time.time() - t0):,.0f}",
-                                shards=len(manifest["shards"]), refresh=False)
+                bar.update((writer.tokens_so_far if args.max_tokens else writer.doc) - bar.n)
+                rate = {} if args.max_tokens else {  # a bar in tokens shows this rate itself
+                    "tok_per_s": f"{(writer.tokens_so_far - start_tokens) / (time.time() - t0):,.0f}"}
+                bar.set_postfix(shards=len(manifest["shards"]), **rate, refresh=False)
                 if writer.done:
                     break
             writer.finish()
@@ -495,6 +487,29 @@ def main():
     print(f"done: {manifest['documents']:,} documents, {manifest['tokens']:,} tokens, {len(manifest['shards'])} shards "
           f"({n_val} val + {len(manifest['shards']) - n_val} train) in {args.out_dir}; "
           f"{(manifest['tokens'] - start_tokens) / dt:,.0f} tokens/s")
+
+
+def main():
+    args = parse_args()
+    if args.verify:
+        return verify(args.out_dir)
+    files = expand_inputs(args.input) if args.input else None
+    try:  # one writer per out_dir: a second run would delete the first one's temp files
+        os.makedirs(args.out_dir, exist_ok=True)
+        lock = DirectoryLock(args.out_dir, ".prepare.lock").acquire()
+    except DirectoryLocked as e:
+        sys.exit(f"another prepare.py is writing to {args.out_dir}: {e}")
+    except OSError as e:  # read-only, or under a file: the first write in out_dir is the lock's
+        sys.exit(f"cannot write to {args.out_dir} ({e}); choose an --out_dir you can write to")
+    try:
+        write_shards(args, files)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):  # a full or read-only disk, never a read error
+            raise
+        sys.exit(f"cannot write to {args.out_dir} ({e}); make room on its disk, then rerun the same command "
+                 f"to resume")
+    finally:  # on errors too: a lock file left behind would look like a run in progress
+        lock.release()
 
 
 if __name__ == "__main__":
