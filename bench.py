@@ -24,8 +24,9 @@ import torch
 from checkpoint import model_config
 from configurator import TRAIN_PY, ConfigError, load_config, parse_config, read_defaults
 from metrics import ThroughputMeter
-from model import GPT
+from model import GPT, exclude_self
 from optimizers import build_optimizer
+from parallelize import compile_counts
 from runtime import autocast, enable_tf32, peak_flops, pick_device, resolve_dtype
 
 # bench-only settings, added to train.py's keys (every train.py key works here too)
@@ -78,6 +79,51 @@ def build(config, device):
     return model, step_model, optimizer
 
 
+SDPA_KERNELS = {  # the aten op each scaled_dot_product_attention backend dispatches to
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient (memory-efficient)",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
+    "aten::_scaled_dot_product_attention_math": "math (unfused: T x T scores in memory)",
+}
+
+
+def attention_inputs(config, device, dtype, batch_size):
+    """Random q (n_head heads), k and v (n_kv_head heads) of the config's attention shape."""
+    n_kv_head = config["n_kv_head"] or config["n_head"]
+    head_dim = config["head_dim"] or config["n_embd"] // config["n_head"]
+    T = config["block_size"] + config["n_sinks"]
+    shape = lambda heads: (batch_size, heads, T, head_dim)
+    q = torch.randn(shape(config["n_head"]), device=device, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(shape(n_kv_head), device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+    return q, k, v
+
+
+def sdpa_backend(config, device, dtype):
+    """The SDPA backend that runs this config's attention (forward and backward), read off the profiler."""
+    from torch.profiler import profile as torch_profile
+    q, k, v = attention_inputs(config, device, getattr(torch, dtype), batch_size=1)
+    with torch_profile() as prof:
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.size(1) != q.size(1))
+        y.sum().backward()
+    ran = {event.name for event in prof.events()}
+    return ", ".join(label for op, label in SDPA_KERNELS.items() if op in ran) or "unknown"
+
+
+def xsa_orthogonality(config, device, dtype):
+    """|z.v| / (|v| |y|) of fast XSA's output under `dtype`, over heads and positions: (mean, max).
+    XSA makes it 0 in exact arithmetic; what remains is the rounding of z to dtype."""
+    q, k, v = attention_inputs(config, device, getattr(torch, dtype), batch_size=2)
+    with torch.no_grad():
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.size(1) != q.size(1))
+        z = exclude_self(y, v).float()
+        groups = q.size(1) // k.size(1)
+        vf, yf = v.float().repeat_interleave(groups, dim=1), y.float()
+        ratio = (z * vf).sum(-1).abs() / (vf.norm(dim=-1) * yf.norm(dim=-1)).clamp_min(1e-12)
+    ratio = ratio[:, :, 1:]  # at position 0, y = v: z is rounding noise over a zero vector
+    return ratio.mean().item(), ratio.max().item()
+
+
 def make_step(step_model, optimizer, x, y, device_type, dtype, grad_clip):
     def step():
         with autocast(device_type, dtype):
@@ -110,12 +156,15 @@ def main():
 
     runs = {}
     for name, variant in variants.items():
+        graphs_before, breaks_before, _ = compile_counts()
         with PeakMemory(device_type) as memory:  # building and warm-up: the variant's whole footprint
             model, step_model, optimizer = build(variant, device)
             step = make_step(step_model, optimizer, x, y, device_type, dtype, c["grad_clip"])
             for _ in range(c["bench_warmup"]):
                 step()
+        graphs, breaks, _ = compile_counts()
         runs[name] = {"model": model, "step": step, "times": [], "peak_mem_gb": memory.gb,
+                      "graphs": graphs - graphs_before, "graph_breaks": breaks - breaks_before,
                       "meter": ThroughputMeter(model.flops_per_token(c["block_size"]), device_peak, device_type)}
 
     for _ in range(c["bench_rounds"]):
@@ -139,6 +188,8 @@ def main():
             prof.export_chrome_trace(path)
             print(f"wrote {path}")
 
+    backend = sdpa_backend(c, device, dtype)
+    ortho_mean, ortho_max = xsa_orthogonality(c, device, dtype)
     device_name = torch.cuda.get_device_name(device) if device_type == "cuda" else f"{device} ({torch.get_num_threads()} threads)"
     print(f"device: {device_name}, dtype {dtype}, compile {c['compile']}; {tokens_per_step:,} tokens per step "
           f"({c['batch_size']} x {c['block_size']}); median of {c['bench_rounds']} rounds x {c['bench_steps']} steps")
@@ -150,6 +201,7 @@ def main():
             "ms_per_step": ms, "tokens_per_sec": tokens_per_sec, "mfu": run["meter"].mfu(tokens_per_sec),
             "peak_mem_gb": run["peak_mem_gb"], "params_M": run["model"].num_params() / 1e6,
             "spread_pct": 100 * (max(run["times"]) - min(run["times"])) / min(run["times"]),
+            "graphs": run["graphs"], "graph_breaks": run["graph_breaks"],  # compiled in the warm-up
         }
     baseline = next(iter(variants))
     base = results[baseline]
@@ -162,10 +214,14 @@ def main():
         print(f"{name:>{width}}: {r['ms_per_step']:9.2f} ms/step | {r['tokens_per_sec']:12,.0f} tok/s | MFU {mfu:>6} | "
               f"peak mem {mem} | {r['params_M']:.1f}M params | tok/s vs {baseline} {r['throughput_ratio']:.4f}"
               + ("" if r["memory_ratio"] is None else f" | memory vs {baseline} {r['memory_ratio']:.4f}")
-              + f" | round spread {r['spread_pct']:.1f}%")
+              + f" | round spread {r['spread_pct']:.1f}%"
+              + (f" | {r['graphs']} graphs, {r['graph_breaks']} graph breaks" if c["compile"] else ""))
+    print(f"sdpa backend: {backend} | XSA orthogonality |z.v|/(|v||y|) in {dtype}: mean {ortho_mean:.2e}, "
+          f"max {ortho_max:.2e}")
     if c["bench_json"]:
         with open(c["bench_json"], "w") as f:
-            json.dump({"config": c, "device": device_name, "dtype": dtype, "results": results}, f, indent=2)
+            json.dump({"config": c, "device": device_name, "dtype": dtype, "results": results, "sdpa_backend": backend,
+                       "xsa_orthogonality": {"mean": ortho_mean, "max": ortho_max}}, f, indent=2)
     return results
 
 

@@ -26,7 +26,8 @@ like an AdamW one.
 import inspect
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 OPTIMIZERS = ("adamw", "muon")
@@ -80,32 +81,123 @@ def set_hyperparameters(optimizer, c):
             group.update(betas=(c["beta1"], c["beta2"]), lr_scale=1.0)
 
 
+def local(t):
+    return t.to_local() if isinstance(t, DTensor) else t  # a DTensor's shard on this process
+
+
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon, whose Newton-Schulz iteration also sees whole matrices when FSDP2 shards the
-    parameters: a shard's update is all-gathered, orthogonalised whole (by every process alike), and
-    each process keeps its own rows. Orthogonalising a shard alone would give another update."""
+    """torch.optim.Muon with its Newton-Schulz work split over the processes of a run (modded-nanogpt's
+    scheme). Newton-Schulz must see a whole matrix (a shard alone would give another update) and would
+    otherwise be computed alike by every process, so process r orthogonalises matrices r, r + W,
+    r + 2W, ... of each shape, and the results are exchanged in bf16:
+    - DDP (every process holds whole matrices and the same gradients): the owner orthogonalises, an
+      all-gather hands the result to the others;
+    - FSDP2 (each process holds some rows of every matrix): an all-to-all brings each matrix's rows to
+      its owner, which orthogonalises it whole, and a second all-to-all returns every process its rows.
+    Newton-Schulz casts its input to bf16 and returns bf16, so the bf16 exchange loses nothing: every
+    process ends with the update it would have computed alone. A single process exchanges nothing.
+    Each owner's Newton-Schulz runs while the exchanges of other matrices are in flight."""
+
+    def __init__(self, params, **options):
+        super().__init__(params, **options)
+        self.matrices_orthogonalised = 0  # by this process, over all steps: about 1/W of them
 
     @torch.no_grad()
     def step(self, closure=None):
-        if not any(isinstance(p, DTensor) for group in self.param_groups for p in group["params"]):
-            return super().step(closure)
-        for group in self.param_groups:  # torch's single-tensor Muon step, on gathered matrices
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad)
-                buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - group["momentum"])
-                update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-                whole = _zeropower_via_newtonschulz(update.full_tensor(), group["ns_coefficients"],
-                                                    group["ns_steps"], group["eps"])
-                mesh = p.device_mesh
-                update = DTensor.from_local(whole, mesh, [Replicate()] * mesh.ndim, run_check=False)
-                update = update.redistribute(mesh, p.placements)  # Replicate -> Shard: a local slice
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update, alpha=-_adjust_lr(group["lr"], group["adjust_lr_fn"], p.shape))
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]  # alike on every process
+            updates = self.orthogonalise([local(self.momentum_update(p, group)) for p in params], params, group)
+            for p, update in zip(params, updates):  # as torch.optim.Muon, on this process's rows
+                weights = local(p)
+                weights.mul_(1 - group["lr"] * group["weight_decay"])
+                weights.add_(update, alpha=-_adjust_lr(group["lr"], group["adjust_lr_fn"], p.shape))
+        return loss
+
+    def momentum_update(self, p, group):
+        """The momentum buffer's update of p, Nesterov's by default (element-wise: a shard under FSDP)."""
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p.grad)
+        buf = state["momentum_buffer"]
+        buf.lerp_(p.grad, 1 - group["momentum"])
+        return p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+
+    def newton_schulz(self, matrix, group):
+        self.matrices_orthogonalised += 1
+        return _zeropower_via_newtonschulz(matrix, group["ns_coefficients"], group["ns_steps"], group["eps"])
+
+    def orthogonalise(self, updates, params, group):
+        """The orthogonalised updates, each shaped as this process's part of its parameter."""
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        if world == 1:
+            return [self.newton_schulz(u, group) for u in updates]
+        by_shape = {}
+        for i, p in enumerate(params):
+            by_shape.setdefault((tuple(p.shape), isinstance(p, DTensor)), []).append(i)
+        chunks = [(indices[start:start + world], shape, sharded) for (shape, sharded), indices in by_shape.items()
+                  for start in range(0, len(indices), world)]  # one matrix per process (the last may have fewer)
+        # FSDP: every chunk's rows travel to their owners at once
+        arrivals = [self.send_rows_to_owner([updates[i] for i in chunk], shape, world) if sharded else None
+                    for chunk, shape, sharded in chunks]
+        exchanges = [self.return_rows(arrival, len(chunk), shape, rank, world, group) if sharded
+                     else self.share_whole([updates[i] for i in chunk], rank, world, group)
+                     for (chunk, shape, sharded), arrival in zip(chunks, arrivals)]
+        results = [None] * len(updates)
+        for (chunk, _, _), finish in zip(chunks, exchanges):
+            for i, update in zip(chunk, finish()):
+                results[i] = update
+        return results
+
+    def share_whole(self, matrices, rank, world, group):
+        """DDP: this process orthogonalises matrices[rank]; an all-gather shares them all."""
+        mine = self.newton_schulz(matrices[rank], group) if rank < len(matrices) else \
+            torch.zeros_like(matrices[0], dtype=torch.bfloat16)
+        gathered = [torch.empty_like(mine) for _ in range(world)]
+        work = dist.all_gather(gathered, mine, async_op=True)
+
+        def finish():
+            work.wait()
+            return gathered[:len(matrices)]
+        return finish
+
+    @staticmethod
+    def row_counts(rows, world):
+        """Rows of a matrix on each process under FSDP2's dim-0 sharding (torch.chunk: the last fewer, or none)."""
+        counts = [len(piece) for piece in torch.arange(rows).chunk(world)]
+        return counts + [0] * (world - len(counts))
+
+    def send_rows_to_owner(self, shards, shape, world):
+        """FSDP: all-to-all of this process's rows of each matrix of a chunk (matrix j to process j),
+        padded to equal blocks. Returns (received blocks, their work handle)."""
+        rows, cols = shape
+        pad = max(self.row_counts(rows, world))
+        send = torch.zeros(world, pad, cols, dtype=torch.bfloat16, device=shards[0].device)
+        for j, shard in enumerate(shards):
+            send[j, :shard.size(0)] = shard
+        received = torch.empty_like(send)  # received[j]: process j's rows of the matrix this process owns
+        return received, dist.all_to_all_single(received, send, async_op=True)
+
+    def return_rows(self, arrival, n_matrices, shape, rank, world, group):
+        """FSDP: orthogonalise the whole matrix this process owns, send every process its rows back."""
+        received, work = arrival
+        counts = self.row_counts(shape[0], world)
+        work.wait()
+        back = torch.zeros_like(received)
+        if rank < n_matrices:
+            whole = self.newton_schulz(torch.cat([received[j, :counts[j]] for j in range(world)]), group)
+            for j, rows in enumerate(whole.split(counts)):
+                back[j, :counts[j]] = rows
+        mine = torch.empty_like(back)  # mine[j]: this process's rows of matrix j, from its owner
+        work = dist.all_to_all_single(mine, back, async_op=True)
+
+        def finish():
+            work.wait()
+            return [mine[j, :counts[rank]] for j in range(n_matrices)]
+        return finish
 
 
 class MuonAdamW(torch.optim.Optimizer):

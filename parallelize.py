@@ -16,7 +16,6 @@ scripts/memory_plan.py estimates what each choice costs per GPU.
 """
 
 import contextlib
-import functools
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -36,13 +35,22 @@ def checkpointed_blocks(n_layer, mode):
     return {"none": [], "block": list(range(n_layer)), "selective": list(range(0, n_layer, 2))}[mode]
 
 
+def recompute_in_backward(forward):
+    """`forward` run under torch.utils.checkpoint (non-reentrant; RNG state kept, so dropout draws the
+    same masks when recomputed). A function of our own, not a partial of checkpoint: torch.compile
+    skips torch's checkpoint when it is the frame being compiled, but traces it (as one recomputed
+    region) when our function calls it."""
+    def checkpointed(*args):
+        return checkpoint(forward, *args, use_reentrant=False)
+    return checkpointed
+
+
 def apply_activation_checkpointing(model, mode):
-    """Run the chosen blocks' forward under torch.utils.checkpoint (non-reentrant; RNG state kept,
-    so dropout draws the same masks when recomputed). The block's forward is replaced rather than
-    the block wrapped, so parameter names, and so checkpoints, are the same with or without it."""
+    """Recompute the chosen blocks in the backward. The block's forward is replaced rather than the
+    block wrapped, so parameter names, and so checkpoints, are the same with or without it."""
     for i in checkpointed_blocks(len(model.transformer.h), mode):
         block = model.transformer.h[i]
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+        block.forward = recompute_in_backward(block.forward)
 
 
 def apply_fsdp(model, runtime, dtype, reshard_after_forward=True):
@@ -55,9 +63,15 @@ def apply_fsdp(model, runtime, dtype, reshard_after_forward=True):
                                      reduce_dtype=torch.float32 if low_precision else None,
                                      cast_forward_inputs=False)
     mesh = init_device_mesh(runtime.device_type, (runtime.world_size,))
-    for block in model.transformer.h:
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
+    blocks = model.transformer.h
+    for i, block in enumerate(blocks):
+        # the last block's backward comes right after the forward: resharding it would only gather it again
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy,
+                    reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
+    # the root (embedding, final norm, tied output layer) keeps FSDP2's default: its parameters stay
+    # gathered from the forward to the backward, where the output layer needs them again first thing;
+    # resharding it would add an exposed all-gather of the embedding per micro-step
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
 
 
 def parallelize(model, runtime, dtype, parallelism="ddp", compile=False, activation_checkpointing="none",
@@ -79,7 +93,11 @@ def parallelize(model, runtime, dtype, parallelism="ddp", compile=False, activat
     compiled = torch.compile(model) if compile else model
     if not runtime.distributed:
         return compiled, compiled
-    return compiled, DDP(compiled, device_ids=[runtime.local_rank] if runtime.device_type == "cuda" else None)
+    # gradients live in DDP's communication buckets (no second copy, 4 bytes per parameter saved); the
+    # only buffers are the RoPE tables, equal on every process: nothing to broadcast each forward
+    ddp = DDP(compiled, device_ids=[runtime.local_rank] if runtime.device_type == "cuda" else None,
+              gradient_as_bucket_view=True, broadcast_buffers=False)
+    return compiled, ddp
 
 
 def is_sharded(model):
@@ -103,3 +121,18 @@ def clip_grad_norm(parameters, max_norm):
     over the processes and returns a replicated DTensor, made local with full_tensor()."""
     norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+def compile_counts():
+    """(graphs compiled, graph breaks, {break reason: count}) so far in this process, from dynamo's
+    counters. A graph break leaves the code around it to run eagerly."""
+    from torch._dynamo.utils import counters
+    breaks = dict(counters["graph_break"])
+    return counters["stats"]["unique_graphs"], sum(breaks.values()), breaks
+
+
+def compile_summary():
+    """What torch.compile has made of the model so far, for the log, with the reasons of any break."""
+    graphs, n_breaks, breaks = compile_counts()
+    reasons = "; ".join(f"{reason.splitlines()[0]} (x{n})" for reason, n in breaks.items())
+    return f"torch.compile: {graphs} graphs, {n_breaks} graph breaks" + (f": {reasons}" if reasons else "")

@@ -44,30 +44,53 @@ class Runtime:
         return self.rank == 0
 
 
-def pick_device(device="auto"):
-    if device != "auto":
-        return device
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
+class DeviceError(ValueError):
+    """A device this machine does not have."""
+
+
+def pick_device(device="auto", local_rank=None):
+    """The device a process runs on; on CUDA always with an index (torch.cuda.set_device refuses a bare
+    "cuda"). "auto" is cuda > mps > cpu. Under torchrun (local_rank given) a CUDA process takes GPU
+    local_rank of its node; a single process takes the index given ("cuda:1"), else GPU 0."""
+    if device == "auto":
+        mps = getattr(torch.backends, "mps", None)
+        device = "cuda" if torch.cuda.is_available() else "mps" if mps and mps.is_available() else "cpu"
+    device_type, _, index = device.partition(":")
+    if device_type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device={device!r}, but torch sees no CUDA GPU on this machine; "
+                              f"use --device=auto or --device=cpu")
+        if local_rank is not None:
+            gpu = local_rank
+        elif index.isdigit():
+            gpu = int(index)
+        elif not index:
+            gpu = 0
+        else:
+            raise DeviceError(f"device={device!r}: expected cuda or cuda:<index>")
+        if gpu >= torch.cuda.device_count():
+            raise DeviceError(f"device={device!r} asks for GPU {gpu}, but only {torch.cuda.device_count()} "
+                              f"are visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})")
+        return f"cuda:{gpu}"
+    if device_type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise DeviceError(f"device={device!r}, but MPS is not available here; use --device=auto or --device=cpu")
+    if device_type not in ("cpu", "mps"):
+        raise DeviceError(f"unknown device {device!r}: expected auto, cpu, mps, cuda or cuda:<index>")
+    return device
 
 
 def setup_runtime(device="auto", backend="auto"):
     """Join the torchrun process group when launched by torchrun (RANK/LOCAL_RANK/WORLD_SIZE),
     else run as a single process. backend "auto" is nccl with CUDA and gloo without."""
-    device = pick_device(device)
+    launched = "RANK" in os.environ
+    local_rank = int(os.environ["LOCAL_RANK"]) if launched else None
+    device = pick_device(device, local_rank)
     device_type = device.split(":")[0]
-    if "RANK" not in os.environ:
-        if device_type == "cuda":
-            torch.cuda.set_device(torch.device(device))
-        return Runtime(0, 0, 1, device, device_type, False)
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
     if device_type == "cuda":
-        device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
+    if not launched:
+        return Runtime(0, 0, 1, device, device_type, False)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if backend == "auto":
         backend = "nccl" if device_type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, device_id=torch.device(device) if device_type == "cuda" else None)
@@ -116,11 +139,25 @@ def peak_flops(device):
     return None
 
 
+def reset_peak_memory(device_type):
+    """Start a new peak-memory window (train.py reports the peak of each log interval): CUDA's
+    allocator statistics, or on Linux the process's resident-set high-water mark."""
+    if device_type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM, the kernel's peak resident set size
+    except OSError:
+        pass  # not Linux, or not permitted: the peak then covers the whole run
+
+
 def peak_memory_gb(device_type):
-    """Peak memory of this process so far: CUDA allocator peak on GPU, max resident set on CPU."""
+    """Peak memory since the last reset_peak_memory: the CUDA allocator's peak on GPU, the peak
+    resident set size elsewhere."""
     if device_type == "cuda":
         return torch.cuda.max_memory_allocated() / 1e9
-    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux, bytes on macOS
     return rss_kb * (1 if sys.platform != "darwin" else 1 / 1024) / 1e6
 
 

@@ -76,7 +76,7 @@ muon_momentum = 0.95  # Muon's Nesterov momentum
 muon_adjust_lr = "match_rms_adamw"  # Muon's per-matrix LR rule: "match_rms_adamw" (AdamW's LR carries over) or "original"
 # system
 device = "auto"  # "auto" (cuda > mps > cpu), or e.g. "cpu", "cuda", "cuda:1"
-dtype = "auto"  # "auto" (bfloat16 on GPUs that support it, else float32), "float32", "bfloat16"
+dtype = "auto"  # "auto" (bfloat16 on GPUs that support it, else float32), "float32", "bfloat16" (no float16: no loss scaling)
 compile = True  # torch.compile the model
 backend = "auto"  # torch.distributed backend; "auto" is nccl with CUDA and gloo without
 # parallelism and memory (parallelize.py; scripts/memory_plan.py estimates the memory per GPU)
@@ -106,9 +106,10 @@ from dataloader import TrainLoader, val_sequences  # noqa: E402
 from metrics import MetricsLogger, ThroughputMeter, format_count, format_duration  # noqa: E402
 from model import GPT  # noqa: E402
 from optimizers import OPTIMIZERS, build_optimizer, set_hyperparameters  # noqa: E402
-from parallelize import ACTIVATION_CHECKPOINTING, PARALLELISMS, clip_grad_norm, gradient_sync, is_sharded, parallelize  # noqa: E402
-from runtime import (autocast, enable_tf32, peak_flops, peak_memory_gb, provenance,  # noqa: E402
-                     resolve_dtype, setup_runtime, teardown_runtime)
+from parallelize import (ACTIVATION_CHECKPOINTING, PARALLELISMS, clip_grad_norm, compile_summary,  # noqa: E402
+                         gradient_sync, is_sharded, parallelize)
+from runtime import (DeviceError, autocast, enable_tf32, peak_flops, peak_memory_gb, provenance,  # noqa: E402
+                     reset_peak_memory, resolve_dtype, setup_runtime, teardown_runtime)
 from files import write_atomically  # noqa: E402
 
 
@@ -146,7 +147,10 @@ def check_config(c):
     choices = {"init_from": ("scratch", "resume"), "parallelism": PARALLELISMS, "optimizer": OPTIMIZERS,
                "muon_adjust_lr": ("match_rms_adamw", "original"),
                "activation_checkpointing": ACTIVATION_CHECKPOINTING,
-               "dtype": ("auto", "float32", "bfloat16", "float16"), "backend": ("auto", "nccl", "gloo")}
+               "dtype": ("auto", "float32", "bfloat16"), "backend": ("auto", "nccl", "gloo")}
+    if c["dtype"] == "float16":  # its 5-bit exponent underflows small gradients without a loss scaler
+        raise ConfigError("dtype='float16' needs loss scaling, which this trainer does not do; use 'bfloat16' "
+                          "(GPUs from Ampere on) or 'float32'")
     for key, allowed in choices.items():
         if c[key] not in allowed:
             raise ConfigError(f"{key} must be one of {', '.join(map(repr, allowed))}; got {c[key]!r}")
@@ -307,6 +311,7 @@ def train_loop(c, run, runtime, log, run_state, run_provenance):
         log.log({"step": 0, "val_loss": val_loss, "tokens": 0}, jsonl=False)
         log.print(f"step 0/{c['max_iters']} | val loss {val_loss:.4f}")
 
+    reset_peak_memory(runtime.device_type)  # the first record's peak: training steps, not the evaluation
     batch = fetch_batch()
     skipped_steps = 0
     first_timed_step, first_timed_at = None, None  # the ETA leaves out the first step (compilation)
@@ -392,8 +397,12 @@ def train_loop(c, run, runtime, log, run_state, run_provenance):
             except OSError as e:
                 raise TrainingStopped(f"checkpoint write failed at step {step}: {e}") from e
             log.print(f"saved checkpoint {path}")
+        if log_step:  # each record's peak memory is that of the training steps since the previous one
+            reset_peak_memory(runtime.device_type)
         if first_timed_step is None:
             first_timed_step, first_timed_at = step, time.perf_counter()
+            if c["compile"]:
+                log.print(compile_summary())
         if not meter.running:
             meter.start()
     log.print(f"finished {c['max_iters']} steps in {format_duration(elapsed())}; best val loss {best_val_loss:.4f}")
@@ -446,7 +455,11 @@ def main():
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)
-    runtime = setup_runtime(c["device"], c["backend"])
+    try:
+        runtime = setup_runtime(c["device"], c["backend"])
+    except DeviceError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG_ERROR)
     log = MetricsLogger(c["out_dir"], enabled=runtime.is_main)
     status = 0
     try:

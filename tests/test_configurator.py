@@ -60,6 +60,10 @@ def test_unknown_key_in_config_file_names_the_file(tmp_path):
     (["config/sa_tiny.py", "--beta2=1.0"], "beta2 must be in [0, 1), got 1.0"),
     (["config/sa_tiny.py", "--parallelism=zero3"], "parallelism must be one of 'ddp', 'fsdp'; got 'zero3'"),
     (["config/sa_tiny.py", "--head_dim=15"], "head_dim must be even for RoPE, got 15"),
+    (["config/sa_tiny.py", "--dtype=float16"], "dtype='float16' needs loss scaling, which this trainer does not do; use 'bfloat16' "
+                                                    "(GPUs from Ampere on) or 'float32'"),
+    (["config/sa_tiny.py", "--device=cuda"], "device='cuda', but torch sees no CUDA GPU on this machine; "
+                                                  "use --device=auto or --device=cpu"),
 ])
 def test_train_cli_errors_are_one_line_and_write_nothing(tmp_path, args, message):
     out_dir = tmp_path / "run"

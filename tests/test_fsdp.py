@@ -3,6 +3,7 @@ checkpoints that move between strategies and world sizes, memory estimates that 
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,50 @@ def test_two_process_fsdp_muon_matches_ddp_muon_and_resumes(data_dir, tmp_path):
     # Newton-Schulz runs in bf16, where the two reductions' last-bit differences can round apart
     assert_same_training(fsdp, ddp, steps=range(1, 7), rel=1e-3)
     assert [os.path.basename(p) for p in list_checkpoints(fsdp)] == ["ckpt_0000004", "ckpt_0000006"]
+
+
+# compiled, on 2 processes, with recomputed blocks: under FSDP each block compiles on its own, so a
+# checkpointed block that dynamo skipped (torch's checkpoint called as the forward) ran eagerly
+COMPILED = {"ddp-block": dict(activation_checkpointing="block"),
+            "ddp-selective": dict(activation_checkpointing="selective"),
+            "fsdp-block": dict(parallelism="fsdp", activation_checkpointing="block"),
+            "fsdp-selective": dict(parallelism="fsdp", activation_checkpointing="selective")}
+
+
+@pytest.mark.parametrize("name", list(COMPILED))
+def test_compiled_two_process_training_with_recomputed_blocks_matches_eager(data_dir, tmp_path, one_process, name):
+    """torch.compile (inductor's C++ backend here, Triton on a GPU) with activation checkpointing, under
+    DDP and FSDP: graphs compiled, no graph break, the eager single-process losses, and checkpoints of
+    the uncompiled state dict (no _orig_mod. prefixes)."""
+    out = str(tmp_path / "run")
+    proc = run_train(micro_args(data_dir, out, attn_type="xsa", compile=True, **RUN, **COMPILED[name]), nproc=2)
+    summary = re.search(r"^torch.compile: (\d+) graphs, (\d+) graph breaks", proc.stdout, re.M)
+    assert summary, proc.stdout[-2000:]
+    graphs, breaks = int(summary.group(1)), int(summary.group(2))
+    assert graphs > 0 and breaks == 0, summary.group(0)
+    assert_same_training(out, one_process["xsa"], steps=range(1, 7))
+    saved = load_latest_checkpoint(out)[0]
+    model, _ = load_model(saved)
+    assert set(model.state_dict()) == set(load_model(one_process["xsa"])[0].state_dict())
+
+
+def test_a_recomputed_block_compiles_on_its_own():
+    """FSDP compiles block by block: a block whose forward runs under activation checkpointing must still
+    give dynamo a graph (it skips torch's checkpoint when that is the compiled frame itself)."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+    from checkpoint import model_config
+    from model import GPT
+    from parallelize import apply_activation_checkpointing
+    dynamo.reset()
+    counters.clear()
+    model = GPT(model_config({**MICRO, "vocab_size": 512, "attn_type": "xsa"}))
+    apply_activation_checkpointing(model, "block")
+    for block in model.transformer.h:
+        block.compile(backend="aot_eager")
+    x = torch.randint(0, 512, (2, MICRO["block_size"]))
+    model(x, x)[1].backward()
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"]
 
 
 def test_fsdp_writes_sharded_checkpoints_and_keeps_the_newest(fsdp_runs):

@@ -96,3 +96,79 @@ def test_muon_adamw_state_dict_resumes_exactly():
     step(resumed, resumed_optimizer)
     for a, b in zip(model.parameters(), resumed.parameters()):
         assert torch.equal(a, b)
+
+
+# -----------------------------------------------------------------------------
+# Muon's Newton-Schulz split over 2 processes (gloo): each matrix orthogonalised by one process
+
+SPLIT_MODEL = dict(MICRO, n_layer=3, vocab_size=512, n_embd=48, n_head=3, head_dim=16, n_kv_head=1)
+
+
+def fixed_grads(model, step):
+    """Gradients that depend only on the parameter's name and the step, equal on every process."""
+    grads = {}
+    for i, (name, p) in enumerate(model.named_parameters()):
+        g = torch.Generator().manual_seed(1000 * step + i)
+        grads[name] = torch.randn(p.shape, generator=g)
+    return grads
+
+
+def split_muon_worker(rank, world, out_dir, parallelism):
+    import torch.distributed as dist
+    from torch.distributed.tensor import distribute_tensor
+    from optimizers import Muon, is_hidden_matrix
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**SPLIT_MODEL))
+        if parallelism == "fsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+            mesh = init_device_mesh("cpu", (world,))
+            for block in model.transformer.h:
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        hidden = [(n, p) for n, p in model.named_parameters() if is_hidden_matrix(n, p)]
+        muon = Muon([p for _, p in hidden], lr=0.02, weight_decay=0.1, momentum=0.9)
+        for step in range(3):
+            grads = fixed_grads(model, step)
+            for name, p in hidden:
+                full = grads[name]
+                p.grad = distribute_tensor(full, p.device_mesh, p.placements) if parallelism == "fsdp" else full
+            muon.step()
+        weights = {n: (p.full_tensor() if parallelism == "fsdp" else p).detach().clone() for n, p in hidden}
+        torch.save((muon.matrices_orthogonalised, weights), f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_split_muon_matches_torch_muon_and_each_process_orthogonalises_its_share(tmp_path, parallelism):
+    """Two processes, each orthogonalising about half the matrices and exchanging the bf16 results, end
+    with the weights of torch.optim.Muon run whole in one process (whole matrices under DDP; rows of
+    every matrix under FSDP2)."""
+    import torch.multiprocessing as mp
+    from optimizers import is_hidden_matrix
+    mp.start_processes(split_muon_worker, args=(2, str(tmp_path), parallelism), nprocs=2, start_method="spawn")
+    by_rank = {rank: torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)}
+
+    torch.manual_seed(0)
+    reference = GPT(GPTConfig(**SPLIT_MODEL))
+    hidden = [(n, p) for n, p in reference.named_parameters() if is_hidden_matrix(n, p)]
+    muon = torch.optim.Muon([p for _, p in hidden], lr=0.02, weight_decay=0.1, momentum=0.9)
+    for step in range(3):
+        grads = fixed_grads(reference, step)
+        for name, p in hidden:
+            p.grad = grads[name]
+        muon.step()
+    for rank in (0, 1):
+        for name, p in hidden:
+            # Newton-Schulz's bf16 result crosses processes as it is: the weights agree to fp32 rounding
+            torch.testing.assert_close(by_rank[rank][1][name], p.detach(), rtol=1e-5, atol=1e-6, msg=name)
+    shapes = {}
+    for _, p in hidden:
+        shapes[tuple(p.shape)] = shapes.get(tuple(p.shape), 0) + 1
+    counts = [by_rank[rank][0] for rank in (0, 1)]
+    assert sum(counts) == 3 * len(hidden)  # each matrix orthogonalised once per step, by one process
+    # per shape, matrices alternate between the processes: rank 0 takes the odd one out
+    assert counts == [3 * sum((n + 1) // 2 for n in shapes.values()), 3 * sum(n // 2 for n in shapes.values())]

@@ -111,23 +111,6 @@ def test_wandb_offline_run_gets_config_and_resumed_run_keeps_its_id(data_dir, tm
     assert torch.load(list_checkpoints(out)[-1], weights_only=True)["wandb_run_id"] == run_id
 
 
-def test_compiled_xsa_training_matches_eager(data_dir, tmp_path):
-    """The one compiled run of the suite: torch.compile traces XSA's autograd function, trains to the
-    eager losses, and checkpoints the uncompiled state dict (no _orig_mod. prefixes)."""
-    import torch
-    from checkpoint import list_checkpoints
-    settings = dict(attn_type="xsa", max_iters=3, eval_interval=3, checkpoint_interval=3)
-    run_train(micro_args(data_dir, str(tmp_path / "eager"), **settings))
-    run_train(micro_args(data_dir, str(tmp_path / "compiled"), compile=True, **settings))
-    eager = read_metrics(tmp_path / "eager" / "metrics.jsonl")
-    compiled = read_metrics(tmp_path / "compiled" / "metrics.jsonl")
-    for a, b in zip(eager, compiled, strict=True):
-        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
-    assert compiled[-1]["val_loss"] == pytest.approx(eager[-1]["val_loss"], rel=1e-4)
-    state = torch.load(list_checkpoints(tmp_path / "compiled")[-1], weights_only=True)["model"]
-    assert set(state) == set(torch.load(list_checkpoints(tmp_path / "eager")[-1], weights_only=True)["model"])
-
-
 @pytest.mark.parametrize("split", ["val", "train"])
 def test_token_id_beyond_the_vocabulary_names_the_shard(data_dir, tmp_path, split):
     """A shard of another tokenizer (or a corrupt one): a clear error naming the shard and the token,

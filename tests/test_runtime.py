@@ -1,0 +1,62 @@
+"""runtime.py: the device a process picks (CUDA checked with a faked GPU count), per-interval peak memory."""
+
+import numpy as np
+import pytest
+import torch
+
+import runtime
+from runtime import DeviceError, pick_device, setup_runtime
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """A machine with two CUDA GPUs, as torch reports it; set_device calls are recorded."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: chosen.append(torch.device(device)))
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    return chosen
+
+
+@pytest.mark.parametrize("device,local_rank,expected", [
+    ("cuda", None, "cuda:0"), ("auto", None, "cuda:0"), ("cuda:1", None, "cuda:1"),  # one process
+    ("cuda", 1, "cuda:1"), ("auto", 1, "cuda:1"), ("cuda:0", 1, "cuda:1"),  # torchrun: the node's local rank
+    ("cpu", None, "cpu"), ("cpu", 1, "cpu")])
+def test_cuda_device_always_gets_an_index(two_gpus, device, local_rank, expected):
+    assert pick_device(device, local_rank) == expected
+
+
+def test_single_process_on_one_gpu_sets_an_indexed_device(two_gpus):
+    """`python train.py` on a GPU machine: torch.cuda.set_device refuses a bare torch.device("cuda")."""
+    rt = setup_runtime("cuda")
+    assert (rt.device, rt.device_type, rt.distributed) == ("cuda:0", "cuda", False)
+    assert two_gpus == [torch.device("cuda:0")] and two_gpus[0].index == 0
+
+
+@pytest.mark.parametrize("device,message", [("cuda:2", "asks for GPU 2, but only 2 are visible"),
+                                            ("cuda:x", "expected cuda or cuda:<index>"),
+                                            ("tpu", "unknown device 'tpu'")])
+def test_a_device_the_machine_lacks_is_a_clear_error(two_gpus, device, message):
+    with pytest.raises(DeviceError, match=message):
+        pick_device(device)
+
+
+def test_cuda_on_a_machine_without_gpu_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DeviceError, match="torch sees no CUDA GPU"):
+        pick_device("cuda")
+
+
+def test_peak_memory_is_reset_for_each_interval():
+    """A large allocation freed before the reset is not part of the next interval's peak."""
+    runtime.reset_peak_memory("cpu")
+    baseline = runtime.peak_memory_gb("cpu")
+    block = np.ones(400_000_000 // 8)  # 0.4 GB, touched
+    with_block = runtime.peak_memory_gb("cpu")
+    del block
+    assert with_block > baseline + 0.35
+    assert runtime.peak_memory_gb("cpu") == pytest.approx(with_block, abs=0.01)  # a peak outlives the memory
+    runtime.reset_peak_memory("cpu")
+    assert runtime.peak_memory_gb("cpu") < with_block - 0.35
