@@ -68,8 +68,10 @@ def make_optimizer(model, **overrides):
     return build_optimizer(model, {**read_defaults()[0], **overrides}, "cpu")
 
 
-def run_train(args, nproc=1, check=True, timeout=600, env=None):
-    """Run train.py (or torchrun with nproc processes) from the repo root; returns CompletedProcess."""
+def run_train(args, nproc=1, check=True, env=None):
+    """Run train.py (or torchrun with nproc processes) from the repo root; returns CompletedProcess.
+    No time limit on one process, which cannot hang; a deadlock between processes ends after an hour,
+    far beyond any correct run on a busy machine."""
     import subprocess
     if nproc == 1:
         cmd = [sys.executable, "train.py", *args]
@@ -77,7 +79,8 @@ def run_train(args, nproc=1, check=True, timeout=600, env=None):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "train.py", *args]
     full_env = dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else "2", **(env or {}))
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=None if nproc == 1 else 3600,
+                          env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc

@@ -14,7 +14,7 @@ def test_bench_reports_consistent_figures_and_profiles_both_variants(tmp_path):
         "--batch_size=2", "--compile=False", "--device=cpu", "--dtype=float32", "--bench_rounds=2",
         "--bench_steps=1", "--bench_warmup=1", "--profile=True", f"--bench_json={tmp_path / 'bench.json'}"]
     proc = subprocess.run([sys.executable, f"{REPO}/bench.py", *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
+                          text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     results = report["results"]
@@ -67,7 +67,7 @@ def test_bench_variants_take_overrides_and_reject_unknown_keys(tmp_path):
         "--batch_size=1", "--compile=False", "--device=cpu", "--dtype=float32", "--bench_rounds=1",
         "--bench_steps=1", "--bench_warmup=0", f"--bench_json={tmp_path / 'bench.json'}"]
     run = lambda *extra: subprocess.run([sys.executable, f"{REPO}/bench.py", *base, *extra], cwd=tmp_path,
-                                        capture_output=True, text=True, timeout=300)
+                                        capture_output=True, text=True)
     proc = run("--bench_variants=sa,xsa:xsa_gate=True,sa:n_layer=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "bench.json").read_text())["results"]
