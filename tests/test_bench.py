@@ -78,3 +78,34 @@ def test_bench_variants_take_overrides_and_reject_unknown_keys(tmp_path):
     assert results["sa:n_layer=1"]["params_M"] < 0.6 * results["sa"]["params_M"]
     proc = run("--bench_variants=sa,xsa:xsa_gat=True")
     assert proc.returncode != 0 and "did you mean xsa_gate" in proc.stderr
+
+
+def test_gpu_check_dry_run_fills_its_table_on_the_cpu(tmp_path):
+    """scripts/gpu_check.sh with DRY_RUN=1 runs every stage at toy size on the CPU: the bench rows of
+    both variants with compile off and on (compiled whole: graphs, no break), the SDPA backend, XSA's
+    orthogonality, and an FSDP run on 2 processes resumed to the uninterrupted run's loss."""
+    import os
+    import re
+    out = tmp_path / "gpu_check"
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, DRY_RUN="1", OUT=str(out), OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    table = (out / "table.md").read_text()
+    assert table in proc.stdout
+    rows = re.findall(r"^\| (sa|xsa) \| (off|on) \| ([\d.]+) \| ([\d,]+) \| n/a \| n/a \| ([\d.]+) \| n/a \| (.+) \|$",
+                      table, re.M)
+    assert [(r[0], r[1]) for r in rows] == [("sa", "off"), ("xsa", "off"), ("sa", "on"), ("xsa", "on")]
+    for variant, compile, ms, tokens_per_sec, ratio, graphs in rows:
+        # 2 sequences of 64 tokens per step
+        assert float(tokens_per_sec.replace(",", "")) == pytest.approx(128 / (float(ms) / 1000), rel=0.01, abs=1)
+        assert (float(ratio) == 1.0) == (variant == "sa")
+        if compile == "on":
+            compiled, breaks = map(int, graphs.split(" / "))
+            assert compiled >= 1 and breaks == 0
+    assert "- SDPA backend: flash (CPU)" in table
+    ortho = re.search(r"XSA orthogonality in float32: mean ([\d.e+-]+), max ([\d.e+-]+)", table)
+    assert ortho and 0 <= float(ortho.group(1)) <= float(ortho.group(2)) < 1e-5
+    resume = re.search(r"step-3 loss ([\d.]+); resumed from the step-2 checkpoint ([\d.]+)", table)
+    assert resume and resume.group(1) == resume.group(2)
+    assert "parallelism fsdp" in (out / "fsdp_full" / "train.log").read_text()
+    assert "2 processes" in (out / "fsdp_resumed" / "train.log").read_text()
