@@ -8,7 +8,8 @@
 #
 # Environment (every sweep):
 #   NPROC=N       processes (GPUs) per run, launched with torchrun --standalone --nproc_per_node=N;
-#                 default: the GPUs nvidia-smi finds (or CUDA_VISIBLE_DEVICES lists), else 1 (plain python)
+#                 default: one per GPU that CUDA_VISIBLE_DEVICES lists (or nvidia-smi finds), else 1
+#                 (plain python); scripts/launch_common.sh counts them, as for train_forever.sh
 #   GPUS="0 1 2 3"  run several runs at once, one per entry, each with CUDA_VISIBLE_DEVICES=<entry>;
 #                 an entry may hold several GPUs ("0,1 2,3"), NPROC then defaults to their number
 #   SEEDS="1 2 3" repeat every run per seed (--seed=S, names end in _seedS); default: the config's seed
@@ -31,27 +32,11 @@ set -euo pipefail
 
 SWEEP_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
+source "$SWEEP_REPO/scripts/launch_common.sh"  # GPU count, launcher, resolve_config, print_usage, quote_command
+
 die() {
     echo "error: $*" >&2
     exit 2
-}
-
-# The comment block at the top of the sweep script, as its --help.
-sweep_usage() {
-    awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
-}
-
-# The number of GPUs this machine offers: CUDA_VISIBLE_DEVICES if set, else nvidia-smi, else 0.
-count_gpus() {
-    if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
-        local ids
-        IFS=, read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
-        echo "${#ids[@]}"
-    elif command -v nvidia-smi >/dev/null 2>&1; then
-        nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU' || true
-    else
-        echo 0
-    fi
 }
 
 # sweep_begin NAME GROUP [--key=value ...] (SWEEP_RESERVED: the keys the sweep sets per run)
@@ -72,7 +57,7 @@ sweep_begin() {
     local arg key reserved
     for arg in "$@"; do
         case $arg in
-            -h | --help) sweep_usage; exit 0 ;;
+            -h | --help) print_usage; exit 0 ;;
             --seed=*) SEEDS=${arg#--seed=} ;;
             --*=*)
                 key=${arg%%=*}
@@ -104,52 +89,30 @@ sweep_begin() {
 
 # Processes per run in a slot: NPROC if set, else the slot's GPU count, else all GPUs found.
 slot_nproc() {
-    local slot=$1
-    if [[ -n ${NPROC:-} ]]; then
-        echo "$NPROC"
-    elif [[ -n $slot ]]; then
-        local ids
-        IFS=, read -ra ids <<<"$slot"
-        echo "${#ids[@]}"
+    if [[ -n $1 ]]; then
+        CUDA_VISIBLE_DEVICES=$1 default_nproc
     else
-        local n
-        n=$(count_gpus)
-        echo $((n > 1 ? n : 1))
+        default_nproc
     fi
 }
 
-# The step of the newest checkpoint in a directory, or nothing: a ckpt_<step>.pt file (DDP runs) or
-# a ckpt_<step> directory (FSDP runs' sharded checkpoints), as checkpoint.list_checkpoints finds them.
-newest_checkpoint_step() {
-    local path name step newest=
-    for path in "$1"/ckpt_*; do
-        name=$(basename "$path")
-        if [[ $name =~ ^ckpt_([0-9]+)\.pt$ && -f $path ]] || [[ $name =~ ^ckpt_([0-9]+)$ && -d $path ]]; then
-            step=$((10#${BASH_REMATCH[1]}))
-        else
-            continue
-        fi
-        if [[ -z $newest ]] || ((step > newest)); then newest=$step; fi
-    done
-    echo "$newest"
-}
-
-# resolve_config "KEY ..." CONFIG_FILE [--key=value ...]: the values (one line, space-separated)
-# of these keys in the config train.py would run with. configurator.parse_config applies the files
-# and overrides as train.py does, to train.py's defaults, read rather than imported
-# (configurator.read_defaults; importing train.py imports torch: seconds per run). A key this
-# misses fails loudly (unknown key, or KeyError), never with a wrong value.
-resolve_config() {
+# run_progress OUT_DIR CONFIG_FILE [--key=value ...]: "MAX_ITERS [STEP]", the max_iters the run
+# trains to (resolved as train.py resolves it) and the step of its newest checkpoint, if it has
+# one, as checkpoint.py names and lists them.
+run_progress() {
     "$PYTHON" - "$@" <<'PY'
-import sys
+import os, sys
 from configurator import ConfigError, parse_config, read_defaults
-keys, argv = sys.argv[1].split(), sys.argv[2:]
-defaults, _ = read_defaults()
+out_dir, argv = sys.argv[1], sys.argv[2:]
 try:
-    config, _ = parse_config(defaults, argv)
+    config, _ = parse_config(read_defaults()[0], argv)
 except ConfigError as e:
     sys.exit(f"config error: {e}")
-print(*(config[key] for key in keys))
+steps = []
+if os.path.isdir(out_dir):  # checkpoint.py imports torch (seconds): only where a checkpoint can be
+    from checkpoint import checkpoint_step, list_checkpoints
+    steps = [checkpoint_step(path) for path in list_checkpoints(out_dir)]
+print(config["max_iters"], max(steps, default=""))
 PY
 }
 
@@ -178,8 +141,8 @@ sweep_run() {
     # the run's config, resolved as train.py will: a mistyped override fails here, before any run
     # starts (and in a DRY_RUN), instead of in every run the sweep launches
     local step max_iters
-    max_iters=$(resolve_config max_iters "${args[@]}") || die "$name: its config does not resolve (see above)"
-    step=$(newest_checkpoint_step "$out_dir")
+    read -r max_iters step <<<"$(run_progress "$out_dir" "${args[@]}")"
+    [[ -n $max_iters ]] || die "$name: its config does not resolve (see above)"
     if [[ -n $step ]]; then
         if ((step >= max_iters)); then
             echo "# $name: skip (finished: checkpoint step $step >= max_iters $max_iters)"
@@ -198,15 +161,9 @@ sweep_run() {
         i=$FREE_SLOT
     fi
     SWEEP_DISPATCHED=$((SWEEP_DISPATCHED + 1))
-    local slot=${SLOTS[i]} nproc cmd=()
-    nproc=$(slot_nproc "$slot")
-    local env_prefix=${slot:+CUDA_VISIBLE_DEVICES=$slot}
-    if ((nproc > 1)); then
-        # --standalone picks a free rendezvous port, so parallel torchrun jobs do not collide
-        cmd+=(torchrun --standalone "--nproc_per_node=$nproc" train.py "${args[@]}")
-    else
-        cmd+=("$PYTHON" train.py "${args[@]}")
-    fi
+    local slot=${SLOTS[i]}
+    train_command "$(slot_nproc "$slot")" || exit 2
+    local env_prefix=${slot:+CUDA_VISIBLE_DEVICES=$slot} cmd=("${TRAIN_COMMAND[@]}" "${args[@]}")
 
     local what="new"
     [[ -n $step ]] && what="resume from step $step of $max_iters"
@@ -229,13 +186,6 @@ sweep_run() {
     SLOT_RUN[i]=$name
     # in order: wait here (a background job + wait lets the INT/TERM trap stop it at once)
     [[ -n $SWEEP_PARALLEL ]] || reap_slot "$i" wait
-}
-
-# A command line as the shell reads it back (arguments quoted only where needed).
-quote_command() {
-    local quoted
-    quoted=$(printf '%q ' "$@")
-    echo "${quoted% }"
 }
 
 # reap_slot I [wait]: if slot I's run has ended (or, with "wait", once it ends), record how.

@@ -1,0 +1,560 @@
+"""scripts/train_forever.sh and scripts/slurm_train.sh: which exit statuses end a run and which
+relaunch it, signals reaching the training, no training process left behind, and a Slurm job that
+outlives its time limit by requeueing itself.
+
+Fake torchrun, nvidia-smi, sbatch, srun, scontrol and scancel (first on PATH) and a fake training
+program stand in for the real ones and record what happens to them; the tests at the end run the
+real torchrun and train.py."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import REPO, micro_args
+from metrics import read_metrics
+from test_sweeps import dry_run
+
+FOREVER = os.path.join(REPO, "scripts", "train_forever.sh")
+SLURM = os.path.join(REPO, "scripts", "slurm_train.sh")
+LAUNCH_ENV = ("NPROC", "MAX_RESTARTS", "RESTART_DELAY", "CUDA_VISIBLE_DEVICES", "PYTHON", "TMPDIR",
+              "TRAIN_EXIT_STATUS_FILE", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+
+# The training: records what happens to it, stops on SIGINT/SIGTERM after a "checkpoint" as train.py
+# does (a second signal while it saves changes nothing), writes the status it chose to
+# TRAIN_EXIT_STATUS_FILE. FAKE_MODE says what a fresh launch does ("run": until a signal; "exit:N");
+# a resumed one finishes unless FAKE_RESUMED=same. FAKE_AS_TORCHRUN=1 exits 1 for any failure, as
+# torchrun does for its ranks (the Slurm task stands for torchrun and its ranks in one process).
+FAKE_TRAIN = """
+import json, os, signal, sys, time
+argv = sys.argv[1:]
+resumed = "--init_from=resume" in argv
+
+def record(event, **extra):
+    with open(os.environ["FAKE_LOG"], "a") as f:
+        f.write(json.dumps(dict(event=event, pid=os.getpid(), rank=os.environ.get("RANK"), argv=argv,
+                                launch=os.environ.get("TRAIN_EXIT_STATUS_FILE"), time=time.time(), **extra)) + "\\n")
+
+def stop(status):
+    path = os.environ.get("TRAIN_EXIT_STATUS_FILE")
+    if path and status in (2, 3, 130, 143):
+        with open(path, "w") as f:
+            f.write(f"{status}\\n")
+    record("exit", status=status)
+    sys.exit(1 if status and os.environ.get("FAKE_AS_TORCHRUN") else status)
+
+stopping = []
+def on_signal(signum, frame):
+    record("signal", signal=signal.Signals(signum).name)
+    if stopping:
+        return
+    stopping.append(signum)
+    time.sleep(0.5)
+    record("checkpoint")
+    stop(128 + signum)
+
+signal.signal(signal.SIGINT, on_signal)
+signal.signal(signal.SIGTERM, on_signal)
+if os.environ.get("FAKE_PID_FILE"):
+    with open(os.environ["FAKE_PID_FILE"], "w") as f:
+        f.write(str(os.getpid()))
+record("start")
+mode = os.environ.get("FAKE_MODE", "run")
+if resumed and os.environ.get("FAKE_RESUMED") != "same":
+    stop(0)
+if mode.startswith("exit:"):
+    stop(int(mode[5:]))
+while True:
+    time.sleep(0.05)
+"""
+
+# torchrun: N ranks of the training, each in a session of its own as torchrun starts them (so they
+# outlive a torchrun killed with -9); a SIGINT/SIGTERM is relayed to them; exit 1 if any failed
+FAKE_TORCHRUN = """
+import json, os, signal, subprocess, sys, time
+args = sys.argv[1:]
+nproc = int(next(a for a in args if a.startswith("--nproc_per_node=")).split("=")[1])
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(json.dumps(dict(event="torchrun", pid=os.getpid(), nproc=nproc, argv=args,
+                            launch=os.environ.get("TRAIN_EXIT_STATUS_FILE"), time=time.time())) + "\\n")
+script = args[args.index("train.py"):]
+ranks = [subprocess.Popen([os.environ["FAKE_TRAIN"], *script], env=dict(os.environ, RANK=str(r)),
+                          start_new_session=True) for r in range(nproc)]
+def relay(signum, frame):
+    for rank in ranks:
+        rank.send_signal(signum)
+signal.signal(signal.SIGINT, relay)
+signal.signal(signal.SIGTERM, relay)
+sys.exit(1 if any([rank.wait() for rank in ranks]) else 0)
+"""
+
+FAKE_NVIDIA_SMI = """
+import os
+for i in range(int(os.environ.get("FAKE_GPUS", "0"))):
+    print(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})")
+"""
+
+# sbatch: runs a copy of the batch script as Slurm would (SLURM_* variables, cwd elsewhere), sends the
+# script's --signal to the batch shell when a run reaches its time limit (FAKE_TIME_LIMITS: how many
+# runs do), or preempts it (FAKE_PREEMPTIONS: SIGTERM to the batch shell and the training at once,
+# then a requeue by Slurm); runs the job again while it is requeued; exits with the last run's status.
+FAKE_SBATCH = """
+import json, os, shutil, signal, subprocess, sys, time
+state, script, args = os.environ["FAKE_SLURM_DIR"], sys.argv[1], sys.argv[2:]
+
+def record(event, **extra):
+    with open(os.environ["FAKE_LOG"], "a") as f:
+        f.write(json.dumps(dict(event=event, time=time.time(), **extra)) + "\\n")
+
+directives = [line.split(None, 1)[1].strip() for line in open(script) if line.startswith("#SBATCH")]
+spool = os.path.join(state, "spool")
+os.makedirs(spool, exist_ok=True)
+shutil.copy(script, os.path.join(spool, "slurm_script"))
+time_limits, preemptions = int(os.environ.get("FAKE_TIME_LIMITS", 0)), int(os.environ.get("FAKE_PREEMPTIONS", 0))
+task_pid = os.path.join(state, "task.pid")
+restarts = 0
+while True:
+    for name in ("task.pid", "requeued"):
+        if os.path.exists(os.path.join(state, name)):
+            os.remove(os.path.join(state, name))
+    env = dict(os.environ, SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node[001-002]", SLURM_JOB_NUM_NODES="2",
+               SLURM_SUBMIT_DIR=os.getcwd(), SLURM_GPUS_ON_NODE="8")
+    if restarts:
+        env["SLURM_RESTART_COUNT"] = str(restarts)
+    record("job_start", restarts=restarts)
+    job = subprocess.Popen(["bash", os.path.join(spool, "slurm_script"), *args], cwd=spool, env=env)
+    preempted = False
+    if restarts < time_limits + preemptions:
+        while not os.path.exists(task_pid) and job.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        if restarts < time_limits:
+            spec = next(d.split("=", 1)[1] for d in directives if d.startswith("--signal="))
+            assert spec.startswith("B:"), spec
+            record("time_limit_warning")
+            job.send_signal(getattr(signal, "SIG" + spec[2:].split("@")[0]))
+        else:
+            record("preempted")
+            preempted = True
+            job.send_signal(signal.SIGTERM)
+            os.kill(int(open(task_pid).read()), signal.SIGTERM)
+    status = job.wait()
+    record("job_end", status=status)
+    if preempted or os.path.exists(os.path.join(state, "requeued")):
+        assert "--requeue" in directives, "a job submitted without --requeue cannot be requeued"
+        restarts += 1
+        continue
+    sys.exit(status)
+"""
+
+# srun: one task (torchrun on every node and its ranks, here one fake training process); like the
+# real srun, a SIGTERM makes it SIGKILL its tasks; exits with the task's status
+FAKE_SRUN = """
+import json, os, signal, subprocess, sys, time
+def record(event, **extra):
+    with open(os.environ["FAKE_LOG"], "a") as f:
+        f.write(json.dumps(dict(event=event, time=time.time(), **extra)) + "\\n")
+record("srun", argv=sys.argv[1:])
+task = subprocess.Popen([os.environ["FAKE_TRAIN"], *sys.argv[1:]], env=dict(
+    os.environ, FAKE_AS_TORCHRUN="1", FAKE_PID_FILE=os.path.join(os.environ["FAKE_SLURM_DIR"], "task.pid")))
+def forcing_termination(signum, frame):
+    record("srun_signal", signal=signal.Signals(signum).name)
+    task.kill()
+signal.signal(signal.SIGTERM, forcing_termination)
+status = task.wait()
+sys.exit(128 - status if status < 0 else status)
+"""
+
+FAKE_SCONTROL = """
+import json, os, sys, time
+args = sys.argv[1:]
+if args[:2] == ["show", "hostnames"]:
+    print("node001\\nnode002")  # node[001-002], the fake sbatch's allocation
+elif args[0] == "requeue":
+    with open(os.environ["FAKE_LOG"], "a") as f:
+        f.write(json.dumps(dict(event="requeue", job=args[1], time=time.time())) + "\\n")
+    open(os.path.join(os.environ["FAKE_SLURM_DIR"], "requeued"), "w").close()
+"""
+
+# scancel --signal=SIG JOB: the signal to every process of the job's steps (the fake training)
+FAKE_SCANCEL = """
+import json, os, signal, sys, time
+args = sys.argv[1:]
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(json.dumps(dict(event="scancel", argv=args, time=time.time())) + "\\n")
+name = next(a.split("=", 1)[1] for a in args if a.startswith("--signal="))
+with open(os.path.join(os.environ["FAKE_SLURM_DIR"], "task.pid")) as f:
+    os.kill(int(f.read()), getattr(signal, "SIG" + name))
+"""
+
+FAKES = {"fake_train": FAKE_TRAIN, "torchrun": FAKE_TORCHRUN, "nvidia-smi": FAKE_NVIDIA_SMI,
+         "sbatch": FAKE_SBATCH, "srun": FAKE_SRUN, "scontrol": FAKE_SCONTROL, "scancel": FAKE_SCANCEL}
+
+
+@pytest.fixture
+def fakes(tmp_path):
+    """A bin directory of fake programs; returns the environment that puts them first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, source in FAKES.items():
+        path = bin_dir / name
+        path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(source))
+        path.chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "slurm").mkdir()
+    clean = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+    return {**clean, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "events.jsonl"),
+            "FAKE_TRAIN": str(bin_dir / "fake_train"), "PYTHON": str(bin_dir / "fake_train"),
+            "FAKE_SLURM_DIR": str(tmp_path / "slurm"), "TMPDIR": str(tmp_path / "tmp"), "RESTART_DELAY": "0"}
+
+
+def events(env, kind=None):
+    path = env["FAKE_LOG"]
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        found = [json.loads(line) for line in f]
+    return [e for e in found if kind is None or e["event"] == kind]
+
+
+def wait_until(condition, what, timeout=600):
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def alive(pid):
+    """Running, not a zombie (an init that does not reap orphans leaves those behind)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def processes():
+    """[(pid, ppid, pgid)] of the live processes on this machine."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if fields[0] != "Z":
+            found.append((int(name), int(fields[1]), int(fields[2])))
+    return found
+
+
+def descendants(pid):
+    """pid and the live processes it started, and theirs."""
+    found, children = [pid], {}
+    for child, parent, _ in processes():
+        children.setdefault(parent, []).append(child)
+    for parent in found:
+        found.extend(children.get(parent, []))
+    return found
+
+
+def forever(env, *args, **extra):
+    """Start train_forever.sh in a session of its own (so a failing test can kill what it left)."""
+    return subprocess.Popen(["bash", FOREVER, *args], env={**env, **extra}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(proc, timeout=600):
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def assert_nothing_left(env):
+    for e in events(env):
+        if "pid" in e:
+            assert not alive(e["pid"]), f"{e['event']} process {e['pid']} outlived train_forever"
+    assert not os.listdir(env["TMPDIR"]), "train_forever left its exit-status files behind"
+
+
+# -----------------------------------------------------------------------------
+# train_forever.sh
+
+
+def test_help_shows_its_own_settings_then_train_py_keys():
+    proc = subprocess.run(["bash", FOREVER, "config/sa_tiny.py", "--help"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    for setting in ("NPROC", "MAX_RESTARTS", "RESTART_DELAY", "TRAIN_EXIT_STATUS_FILE"):
+        assert setting in proc.stdout
+    assert "learning_rate" in proc.stdout.split("NPROC", 1)[1]  # then train.py's keys
+    assert "run finished" not in proc.stdout and "restarting" not in proc.stdout
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("status", [2, 3])
+def test_an_error_no_restart_fixes_ends_the_loop_after_one_launch(fakes, nproc, status):
+    proc = forever(fakes, "config/sa_tiny.py", NPROC=str(nproc), FAKE_MODE=f"exit:{status}", MAX_RESTARTS="3")
+    output = finish(proc)
+    assert proc.returncode == status, output  # also under torchrun, which itself exits 1
+    assert len(events(fakes, "start")) == nproc and "restarting" not in output
+    assert len(events(fakes, "torchrun")) == (nproc > 1)
+    assert_nothing_left(fakes)
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_crash_is_relaunched_from_the_newest_checkpoint(fakes, nproc):
+    proc = forever(fakes, "config/sa_tiny.py", "--max_iters=50", NPROC=str(nproc), FAKE_MODE="exit:1")
+    output = finish(proc)
+    assert proc.returncode == 0 and "run finished" in output, output
+    starts = events(fakes, "start")
+    assert len(starts) == 2 * nproc
+    assert all("--init_from=resume" not in s["argv"] for s in starts[:nproc])
+    assert all(s["argv"][-1] == "--init_from=resume" and "--max_iters=50" in s["argv"] for s in starts[nproc:])
+    assert_nothing_left(fakes)
+
+
+def test_crashes_are_relaunched_max_restarts_times_then_it_gives_up(fakes):
+    proc = forever(fakes, "config/sa_tiny.py", NPROC="1", FAKE_MODE="exit:7", FAKE_RESUMED="same",
+                   MAX_RESTARTS="2")
+    output = finish(proc)
+    assert proc.returncode == 7 and "giving up after 2 restarts" in output
+    assert len(events(fakes, "start")) == 3
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 143)])
+def test_a_signal_stops_the_training_at_a_checkpoint_and_ends_the_loop(fakes, nproc, sig, status):
+    """Ctrl-C at the terminal reaches only train_forever (each launch is a session of its own); it
+    passes the signal on (SIGHUP as SIGTERM), waits for the checkpoint, and does not relaunch."""
+    proc = forever(fakes, "config/sa_tiny.py", NPROC=str(nproc))
+    wait_until(lambda: len(events(fakes, "start")) == nproc, "the training to start")
+    proc.send_signal(sig)
+    output = finish(proc)
+    assert proc.returncode == status, output
+    assert "restarting" not in output
+    expected = signal.SIGINT if sig == signal.SIGINT else signal.SIGTERM
+    received = events(fakes, "signal")
+    assert sorted(e["rank"] or "0" for e in received) == [str(r) for r in range(nproc)]  # each rank once
+    assert {e["signal"] for e in received} == {expected.name}
+    assert len(events(fakes, "checkpoint")) == nproc
+    assert len(events(fakes, "start")) == nproc
+    assert_nothing_left(fakes)
+
+
+@pytest.mark.parametrize("status", [130, 143])
+def test_a_training_stopped_by_a_signal_of_its_own_is_not_relaunched(fakes, status):
+    proc = forever(fakes, "config/sa_tiny.py", NPROC="2", FAKE_MODE=f"exit:{status}")
+    output = finish(proc)
+    assert proc.returncode == status and "--init_from=resume" in output
+    assert len(events(fakes, "torchrun")) == 1
+
+
+def test_a_signal_during_the_restart_delay_ends_the_loop_at_once(fakes):
+    proc = forever(fakes, "config/sa_tiny.py", NPROC="1", FAKE_MODE="exit:1", RESTART_DELAY="3600")
+    for line in proc.stdout:
+        if "restarting" in line:  # the crashed launch is over
+            break
+    proc.send_signal(signal.SIGTERM)
+    output = finish(proc)  # not the hour of the delay
+    assert proc.returncode == 143, output
+    assert len(events(fakes, "start")) == 1
+
+
+def test_ranks_of_a_killed_torchrun_are_stopped_before_the_relaunch(fakes):
+    """kill -9 on torchrun orphans its ranks; they must not outlive it and hold out_dir against the
+    relaunch. Their SIGTERM statuses (143) come after torchrun's death and do not stop the loop."""
+    proc = forever(fakes, "config/sa_tiny.py", NPROC="2")
+    wait_until(lambda: len(events(fakes, "start")) == 2, "the ranks to start")
+    torchrun = events(fakes, "torchrun")[0]
+    os.kill(torchrun["pid"], signal.SIGKILL)
+    output = finish(proc)
+    assert proc.returncode == 0 and "restarting (1/10)" in output, output
+    launches = events(fakes, "torchrun")
+    assert len(launches) == 2
+    orphans_ended = [e for e in events(fakes, "exit") if e["launch"] == torchrun["launch"]]
+    assert len(orphans_ended) == 2 and all(e["status"] == 143 for e in orphans_ended)  # asked, and checkpointed
+    assert max(e["time"] for e in orphans_ended) < launches[1]["time"]
+    assert_nothing_left(fakes)
+
+
+@pytest.mark.parametrize("visible, nproc", [(None, 4), ("0,1", 2), ("3", 1), ("", 1)])
+def test_processes_follow_cuda_visible_devices_as_in_the_sweeps(fakes, tmp_path, visible, nproc):
+    """One GPU count for train_forever.sh and the sweeps: CUDA_VISIBLE_DEVICES when set (empty
+    hides every GPU), else what nvidia-smi lists (4 GPUs here)."""
+    env = {**fakes, "FAKE_GPUS": "4", "FAKE_MODE": "exit:0"}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    proc = forever(env, "config/sa_tiny.py")
+    finish(proc)
+    assert proc.returncode == 0
+    launches = events(fakes, "torchrun")
+    assert [e["nproc"] for e in launches] == ([nproc] if nproc > 1 else [])
+    assert len(events(fakes, "start")) == nproc
+    sweep = dry_run("sweep_sizes.sh", OUT_ROOT=str(tmp_path / "out"), SIZES="tiny", NPROC="", PATH=env["PATH"],
+                    FAKE_GPUS="4", **({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}))
+    expected = ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "train.py"] if nproc > 1 else \
+        [sys.executable, "train.py"]
+    assert [c["launcher"] for c in sweep] == [expected] * 2
+
+
+def test_a_bad_process_count_is_a_config_error(fakes):
+    proc = forever(fakes, "config/sa_tiny.py", NPROC="two")
+    output = finish(proc)
+    assert proc.returncode == 2 and "NPROC=two" in output
+    assert not events(fakes)
+
+
+# -----------------------------------------------------------------------------
+# slurm_train.sh under a fake Slurm
+
+
+def submit(env, *args, **extra):
+    proc = subprocess.run(["sbatch", SLURM, *args], env={**env, **extra}, cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    return proc, proc.stdout + proc.stderr
+
+
+def directives():
+    with open(SLURM) as f:
+        return [line.split(None, 1)[1].strip() for line in f if line.startswith("#SBATCH")]
+
+
+def test_slurm_job_asks_for_a_warning_before_its_time_limit_and_may_be_requeued():
+    found = directives()
+    assert "--requeue" in found
+    assert "--open-mode=append" in found  # a requeued job keeps its log, under the same job id
+    spec = next(d.split("=", 1)[1] for d in found if d.startswith("--signal="))
+    assert spec.startswith("B:USR1@")  # to the batch script only: it stops the training itself
+    assert int(spec.split("@")[1]) >= 300  # time to finish a step and write a checkpoint
+
+
+def test_slurm_job_at_its_time_limit_checkpoints_requeues_and_resumes(fakes):
+    proc, output = submit(fakes, "config/xsa_2p7b.py", "--parallelism=fsdp", FAKE_TIME_LIMITS="1")
+    assert proc.returncode == 0, output
+    runs = events(fakes, "srun")
+    assert len(runs) == 2
+    for run in runs:
+        argv = run["argv"]
+        assert argv[:2] == ["--kill-on-bad-exit=1", "torchrun"]
+        assert "--nnodes=2" in argv and "--nproc_per_node=8" in argv and "--rdzv_endpoint=node001:29500" in argv
+        assert argv[argv.index("train.py"):][:3] == ["train.py", "config/xsa_2p7b.py", "--parallelism=fsdp"]
+    assert "--init_from=resume" not in runs[0]["argv"] and runs[1]["argv"][-1] == "--init_from=resume"
+    # the training, not srun, gets SIGTERM (srun would SIGKILL it); the requeue waits for the checkpoint
+    assert not events(fakes, "srun_signal")
+    assert [e["argv"] for e in events(fakes, "scancel")] == [["--signal=TERM", "4242"]]
+    order = [e["event"] for e in events(fakes) if e["event"] in
+             ("time_limit_warning", "signal", "checkpoint", "exit", "requeue", "job_end", "job_start")]
+    assert order == ["job_start", "time_limit_warning", "signal", "checkpoint", "exit", "requeue", "job_end",
+                     "job_start", "exit", "job_end"]
+    assert [e["status"] for e in events(fakes, "exit")] == [143, 0]
+
+
+@pytest.mark.parametrize("mode, status", [("exit:0", 0), ("exit:2", 2), ("exit:3", 3), ("exit:1", 1)])
+def test_slurm_job_that_ends_by_itself_is_not_requeued(fakes, mode, status):
+    """srun exits 1 for train.py's 2 and 3 as for a crash; the job ends with train.py's status."""
+    proc, output = submit(fakes, "config/xsa_2p7b.py", FAKE_MODE=mode)
+    assert proc.returncode == status, output
+    assert len(events(fakes, "srun")) == 1 and not events(fakes, "requeue")
+
+
+@pytest.mark.parametrize("mode, status", [("exit:2", 2), ("exit:0", 0)])
+def test_slurm_job_that_fails_or_finishes_at_its_time_limit_is_not_requeued(fakes, mode, status):
+    """The warning comes while the run is already stopping: an error no restart fixes, or the end."""
+    env = {**fakes, "FAKE_MODE": "run"}
+    slow_stop = FAKE_TRAIN.replace("    stop(128 + signum)", f"    stop({mode[5:]})")
+    with open(fakes["FAKE_TRAIN"], "w") as f:
+        f.write(f"#!{sys.executable}\n" + textwrap.dedent(slow_stop))
+    proc, output = submit(env, "config/xsa_2p7b.py", FAKE_TIME_LIMITS="1")
+    assert proc.returncode == status, output
+    assert len(events(fakes, "srun")) == 1 and not events(fakes, "requeue")
+
+
+def test_slurm_job_waits_for_the_checkpoint_when_preempted(fakes):
+    """Preemption (or scancel) sends SIGTERM to the batch script and the training at once: the
+    script must outlive the training's checkpoint; Slurm requeues the job, which resumes."""
+    proc, output = submit(fakes, "config/xsa_2p7b.py", FAKE_PREEMPTIONS="1")
+    assert proc.returncode == 0, output
+    checkpoint, first_end = events(fakes, "checkpoint")[0], events(fakes, "job_end")[0]
+    assert checkpoint["time"] < first_end["time"]
+    assert not events(fakes, "srun_signal") and not events(fakes, "requeue")  # Slurm requeues it itself
+    assert events(fakes, "srun")[1]["argv"][-1] == "--init_from=resume"
+
+
+# -----------------------------------------------------------------------------
+# the real torchrun and train.py
+
+
+def launch_leader(forever_pid):
+    """The running launch of train_forever: its child that leads a process group of its own."""
+    for pid, ppid, pgid in processes():
+        if ppid == forever_pid and pgid == pid:
+            return pid
+    return None
+
+
+def newest_checkpoint_step(out_dir):
+    from checkpoint import checkpoint_step, list_checkpoints
+    paths = list_checkpoints(out_dir) if os.path.isdir(out_dir) else []
+    return checkpoint_step(paths[-1]) if paths else None
+
+
+def real_env(**extra):
+    clean = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+    return {**clean, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "RESTART_DELAY": "0", **extra}
+
+
+def test_real_config_error_under_torchrun_stops_after_one_launch():
+    proc = subprocess.run(["bash", FOREVER, "config/sa_tiny.py", "--batch_size=0"], capture_output=True,
+                          text=True, timeout=3600, env=real_env(NPROC="2", MAX_RESTARTS="2"))
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "restarting" not in proc.stdout
+
+
+def test_real_ctrl_c_under_torchrun_checkpoints_and_stops(tmp_path, data_dir):
+    out_dir = str(tmp_path / "run")
+    args = micro_args(data_dir, out_dir, max_iters=5000, checkpoint_interval=2500, eval_interval=2500)
+    proc = forever(real_env(NPROC="2"), *args)
+    try:
+        metrics = os.path.join(out_dir, "metrics.jsonl")
+        wait_until(lambda: os.path.exists(metrics) and len(read_metrics(metrics)) >= 3, "training steps", 3600)
+        leader = launch_leader(proc.pid)
+        ranks = descendants(leader)
+        proc.send_signal(signal.SIGINT)
+        output = finish(proc, timeout=3600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, output[-3000:]
+    assert "restarting" not in output
+    assert newest_checkpoint_step(out_dir) == read_metrics(metrics)[-1]["step"]  # saved where it stopped
+    assert len(ranks) >= 3 and not any(alive(pid) for pid in ranks)  # torchrun and its two ranks
+
+
+def test_real_ranks_of_a_killed_torchrun_are_gone_before_the_relaunch(tmp_path, data_dir):
+    out_dir = str(tmp_path / "run")
+    max_iters = 40
+    args = micro_args(data_dir, out_dir, max_iters=max_iters, checkpoint_interval=5, eval_interval=1000)
+    proc = forever(real_env(NPROC="2"), *args)
+    try:
+        wait_until(lambda: newest_checkpoint_step(out_dir), "the first checkpoint", 3600)
+        first = launch_leader(proc.pid)
+        ranks = descendants(first)[1:]
+        assert len(ranks) >= 2
+        os.kill(first, signal.SIGKILL)
+        log = os.path.join(out_dir, "train.log")
+        wait_until(lambda: open(log).read().count("resuming from") == 1, "the relaunched run to resume", 3600)
+        assert not any(alive(pid) for pid in ranks), "the killed torchrun's ranks outlived it"
+        output = finish(proc, timeout=3600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, output[-3000:]
+    assert "restarting (1/10)" in output and "restarting (2/10)" not in output
+    assert [r["step"] for r in read_metrics(os.path.join(out_dir, "metrics.jsonl"))] == list(range(1, max_iters + 1))
