@@ -780,6 +780,7 @@ def test_download_of_a_complete_directory_needs_no_hub(tmp_path):
     result, _ = run_without_hub(cmd, "offline", tmp_path)
     assert result.returncode == 0, result.stderr
     assert "done: 2 shards, 200 tokens" in result.stdout
+    assert result.stderr == ""  # no progress bar in a log
 
 
 def test_quickstart_without_the_hub_says_to_set_input(tmp_path):

@@ -69,14 +69,14 @@ def main():
         check_hub(args.dataset, "make the shards from local text files instead: "
                                 "python data/fineweb/prepare.py --input 'my_texts/*.txt'")
     os.makedirs(args.out_dir, exist_ok=True)
-    if args.quiet:  # huggingface_hub's own bar, one per file
+    no_bars = args.quiet or not sys.stderr.isatty()  # a log would fill with carriage returns
+    if no_bars:  # huggingface_hub's own bar, one per file, too
         from huggingface_hub.utils import disable_progress_bars
         disable_progress_bars()
     total = 0
-    # ETA from the downloads alone: the shards already there count as done from the start.
-    # disable=None: no bar when stderr is not a terminal (a log would fill with carriage returns)
+    # an ETA from the downloads alone: the shards already there count as done from the start
     with tqdm(total=len(filenames), initial=len(filenames) - len(missing), unit="shard", dynamic_ncols=True,
-              disable=True if args.quiet else None) as bar:
+              disable=no_bars) as bar:
         for filename in filenames:
             if filename in missing:
                 ntok = download_shard(args.dataset, filename, args.out_dir)

@@ -436,7 +436,7 @@ def parse_args():
 def progress_bar(args, files, writer):
     """A bar with an ETA: in tokens up to --max_tokens, else in documents, whose total is known at no
     cost for parquet (the footers) and .txt files; for jsonl or the Hub stream, a count and a rate."""
-    disable = True if args.quiet else None  # None: no bar when stderr is not a terminal (a log file)
+    disable = args.quiet or not sys.stderr.isatty()  # a log would fill with carriage returns
     if args.max_tokens:
         return tqdm(total=args.max_tokens, initial=writer.tokens_so_far, unit="tok", unit_scale=True,
                     dynamic_ncols=True, disable=disable)
@@ -476,9 +476,10 @@ def write_shards(args, files):
             for tokens, doc_lengths in batches:
                 writer.add(tokens, doc_lengths)
                 bar.update((writer.tokens_so_far if args.max_tokens else writer.doc) - bar.n)
-                rate = {} if args.max_tokens else {  # a bar in tokens shows this rate itself
-                    "tok_per_s": f"{(writer.tokens_so_far - start_tokens) / (time.time() - t0):,.0f}"}
-                bar.set_postfix(shards=len(manifest["shards"]), **rate, refresh=False)
+                postfix = {"shards": len(manifest["shards"])}
+                if not args.max_tokens:  # a bar in tokens shows this rate itself
+                    postfix["tok_per_s"] = f"{(writer.tokens_so_far - start_tokens) / (time.time() - t0):,.0f}"
+                bar.set_postfix(postfix, refresh=False)
                 if writer.done:
                     break
             writer.finish()
