@@ -11,41 +11,29 @@
 #     SEEDS="1 2 3 4 5" scripts/small_study.sh --max_iters=240
 #
 #   SEEDS="1 2 3"
-#   DATA_DIR=data/fineweb/fineweb_tiny   the token shards; if missing, made from INPUT with
-#                                        data/fineweb/prepare.py (MAX_TOKENS=2000000 tokens at most)
-#   INPUT                                text/jsonl/parquet files or globs (quoted) for prepare.py
+#   DATA_DIR, INPUT, MAX_TOKENS   the shards, as in scripts/tiny_data.sh: INPUT makes them (or checks that
+#                                 DATA_DIR was made from it); with no INPUT, the shards already in DATA_DIR,
+#                                 else FineWeb streamed from the Hub. The quickstart uses the same ones.
 # Runs: $OUT_ROOT/small_study/{sa,xsa}_tiny_seed<S>; the table and plot: $OUT_ROOT/small_study/compare.{md,png}.
 # Rerun to resume; finished runs are skipped. Other options as for every sweep (GPUS, DRY_RUN,
 # --key=value overrides): scripts/sweep_common.sh.
 set -euo pipefail
 source "$(dirname "$0")/sweep_common.sh"
+source "$(dirname "$0")/tiny_data.sh"
 
 SEEDS=${SEEDS:-"1 2 3"}
-DATA_DIR=${DATA_DIR:-data/fineweb/fineweb_tiny}
-MAX_TOKENS=${MAX_TOKENS:-2000000}
 SWEEP_RESERVED=(data_dir)
 
 sweep_begin small_study small_study "$@"
 
-if [[ ! -d $DATA_DIR && -z ${INPUT:-} ]]; then
-    msg="no shards in $DATA_DIR: set INPUT to text files to make them from, or DATA_DIR"
-    [[ -n $DRY_RUN ]] && echo "# $msg" || die "$msg"
-elif [[ ! -d $DATA_DIR ]]; then
-    set -f  # prepare.py expands the globs itself, in a reproducible order
-    read -ra inputs <<<"$INPUT"
-    set +f
-    # a val shard of 64K tokens (the tiny config evaluates 16K of them), the rest in 500K-token shards
-    prepare=("$PYTHON" data/fineweb/prepare.py --input "${inputs[@]}" --out_dir "$DATA_DIR"
-        --max_tokens "$MAX_TOKENS" --val_tokens 65536 --shard_size 500000)
-    if [[ -n $DRY_RUN ]]; then
-        quote_command "${prepare[@]}"
-    else
-        echo "+ $(quote_command "${prepare[@]}")"
-        "${prepare[@]}"
-    fi
+tiny_data_command || exit 2
+if [[ -z $DRY_RUN ]]; then
+    tiny_data_prepare
+elif ((${#TINY_PREPARE[@]})); then
+    quote_command "${TINY_PREPARE[@]}"
 fi
 
-sweep_pair tiny "" "--data_dir=$DATA_DIR"
+sweep_pair tiny "" "--data_dir=$TINY_DATA_DIR"
 sweep_end
 
 runs=()

@@ -1,0 +1,65 @@
+"""scripts/quickstart.sh end to end on the plays that ship with the tests, in a copy of the repository
+(it writes out/ beside its scripts): a val split of what the tiny config scores, one checkpoint per
+run, final lines that say how much text the runs saw and that one seed is not a result, and shards
+that scripts/small_study.sh takes as its own."""
+
+import glob
+import os
+import shlex
+import shutil
+import subprocess
+
+from conftest import REPO
+from shards import list_shards, read_header
+from test_sweeps import config_value, sweep_env
+
+STEPS = 4
+
+
+def copy_repo(dest):
+    """The working tree's files (tracked, or untracked and not ignored), without out/ or data."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = os.path.join(REPO, name)
+        if os.path.isfile(source):
+            os.makedirs(os.path.join(dest, os.path.dirname(name)), exist_ok=True)
+            shutil.copy2(source, os.path.join(dest, name))
+    return str(dest)
+
+
+def test_quickstart_scores_a_small_val_split_and_says_what_its_result_rests_on(tmp_path):
+    repo = copy_repo(tmp_path / "repo")
+    shards = str(tmp_path / "shards")
+    plays = os.path.join(repo, "tests", "fixtures", "corpus", "*.txt")
+    env = dict(os.environ, DATA_DIR=shards, INPUT=plays, OMP_NUM_THREADS="2")
+    proc = subprocess.run(["bash", os.path.join(repo, "scripts", "quickstart.sh"), f"--max_iters={STEPS}",
+                           "--checkpoint_interval=2", "--eval_interval=4", "--val_tokens=2048"], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    # the val split is what the config scores (val_tokens, and the token after the last one scored)
+    scored = config_value("config/sa_tiny.py", "val_tokens")
+    val = sum(read_header(path) for path in list_shards(shards, "val"))
+    train = sum(read_header(path) for path in list_shards(shards, "train"))
+    assert val == scored + 1 and val < 0.1 * (val + train)
+
+    tokens_per_step = config_value("config/sa_tiny.py", "total_batch_size")
+    assert f"{train:,} train tokens and {val:,} val tokens" in proc.stdout
+    assert f"{STEPS * tokens_per_step:,} tokens, {STEPS * tokens_per_step / train:.2f} epochs" in proc.stdout
+    assert "one seed" in proc.stdout and "scripts/small_study.sh" in proc.stdout
+
+    # one checkpoint kept per run, and the summary says which and how big
+    for run in ("sa_tiny", "xsa_tiny"):
+        kept = sorted(glob.glob(os.path.join(repo, "out", run, "ckpt_*")))
+        assert [os.path.basename(p) for p in kept] == [f"ckpt_{STEPS:07d}.pt"]
+        megabytes = os.path.getsize(kept[0]) / 1e6
+        assert f"out/{run}: 1 checkpoint(s), {megabytes:.0f} MB (ckpt_{STEPS:07d}.pt)" in proc.stdout
+
+    # the small study, given the same data, takes these shards as they are (one setting for both)
+    study = subprocess.run([os.path.join(repo, "scripts", "small_study.sh")], capture_output=True, text=True,
+                           env=sweep_env(DRY_RUN="1", DATA_DIR=shards, INPUT=plays, OUT_ROOT=str(tmp_path / "out")))
+    assert study.returncode == 0, study.stderr
+    prepare = next(shlex.split(line) for line in study.stdout.splitlines() if "prepare.py" in line)
+    again = subprocess.run(prepare, cwd=repo, capture_output=True, text=True)
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
