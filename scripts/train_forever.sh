@@ -41,11 +41,11 @@ on_signal() {
     [[ -z $leader ]] || kill -s "$1" "$leader" 2>/dev/null  # torchrun relays it to its ranks
 }
 trap 'on_signal INT' INT
-trap 'on_signal TERM' TERM HUP  # a closed terminal too: the training is in a session of its own
+trap 'on_signal TERM' TERM HUP  # a closed terminal too: its SIGHUP does not reach the setsid'd training
 
 # The live processes of the launch whose TRAIN_EXIT_STATUS_FILE is $1: each of them has it in its
-# environment, also the ranks that torchrun starts in sessions of their own, which outlive a torchrun
-# killed with -9. (A zombie's environment reads empty: those are dead already.)
+# environment, also the ranks, which torchrun detaches from its process group (setsid) and which
+# outlive a torchrun killed with -9. (A zombie's environment reads empty: those are dead already.)
 launch_pids() {
     grep -lzxF "TRAIN_EXIT_STATUS_FILE=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3
 }
@@ -74,7 +74,7 @@ restarts=0
 resume=()
 while [[ -z $stop_signal ]]; do
     status_file=$(mktemp "${TMPDIR:-/tmp}/train_exit_status.XXXXXX")
-    # a session of its own: Ctrl-C at the terminal reaches this script alone, which passes it on once
+    # setsid: Ctrl-C at the terminal reaches this script alone, which passes it on once
     TRAIN_EXIT_STATUS_FILE=$status_file setsid "${TRAIN_COMMAND[@]}" "$@" ${resume[@]+"${resume[@]}"} &
     leader=$!
     [[ -z $stop_signal ]] || kill -s "$stop_signal" "$leader"  # a signal that came during the launch

@@ -73,8 +73,8 @@ while True:
     time.sleep(0.05)
 """
 
-# torchrun: N ranks of the training, each in a session of its own as torchrun starts them (so they
-# outlive a torchrun killed with -9); a SIGINT/SIGTERM is relayed to them; exit 1 if any failed
+# torchrun: N ranks of the training, each detached from its process group (setsid) as torchrun
+# starts them, so that they outlive a torchrun killed with -9; a SIGINT/SIGTERM is relayed to them; exit 1 if any failed
 FAKE_TORCHRUN = """
 import json, os, signal, subprocess, sys, time
 args = sys.argv[1:]
@@ -263,7 +263,7 @@ def descendants(pid):
 
 
 def forever(env, *args, **extra):
-    """Start train_forever.sh in a session of its own (so a failing test can kill what it left)."""
+    """Start train_forever.sh detached (setsid), so that a failing test can kill what it left."""
     return subprocess.Popen(["bash", FOREVER, *args], env={**env, **extra}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -331,7 +331,7 @@ def test_crashes_are_relaunched_max_restarts_times_then_it_gives_up(fakes):
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 143)])
 def test_a_signal_stops_the_training_at_a_checkpoint_and_ends_the_loop(fakes, nproc, sig, status):
-    """Ctrl-C at the terminal reaches only train_forever (each launch is a session of its own); it
+    """Ctrl-C at the terminal reaches only train_forever (each launch is started with setsid); it
     passes the signal on (SIGHUP as SIGTERM), waits for the checkpoint, and does not relaunch."""
     proc = forever(fakes, "config/sa_tiny.py", NPROC=str(nproc))
     wait_until(lambda: len(events(fakes, "start")) == nproc, "the training to start")
