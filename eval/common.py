@@ -1,32 +1,39 @@
 """
 What the scripts in eval/ share: their common command-line flags (checkpoints and --labels,
---data_dir, --device, --dtype, --out), and loading a checkpoint or the validation sequences with a
-one-line error naming what could not be read, instead of a traceback.
+--data_dir, --device, --dtype, --out, --quiet), progress bars, writing results and plots, and
+loading a checkpoint or the validation sequences. Whatever cannot be read or written ends a script
+with one line on stderr naming it, and exit status 3, instead of a traceback.
 """
 
 import argparse
 import os
 import sys
+import tempfile
 import warnings
 import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+
 import checkpoint  # noqa: E402
 from dataloader import val_sequences  # noqa: E402
-from runtime import pick_device, resolve_dtype  # noqa: E402
+from runtime import DeviceError, pick_device, resolve_dtype  # noqa: E402
 from shards import ShardError  # noqa: E402
 
 OUT = "out/eval"  # every script's default --out
 DTYPE_HELP = "autocast dtype of the forward pass; auto: bfloat16 on GPUs that support it, else float32"
+EXIT_FAILED = 3  # as train.py's: a stop that running again unchanged cannot fix (2 is a bad flag)
 
 
-def make_parser(doc, checkpoints="+", data_dir=False, device=True, out=None, dtype_help=DTYPE_HELP):
+def make_parser(doc, checkpoints="+", data_dir=False, device=True, out=None, progress=False,
+                dtype_help=DTYPE_HELP):
     """An ArgumentParser with the flags the eval scripts share; each script adds its own after these.
     checkpoints: nargs of the positional checkpoints, with --labels ("+", "*"; None: neither)
     data_dir: add --data_dir, which defaults to the data each checkpoint was trained on
     device: add --device and --dtype
-    out: what the --out directory receives, e.g. "similarity.json and similarity.png" (None: no --out)"""
+    out: what the --out directory receives, e.g. "similarity.json and similarity.png" (None: no --out)
+    progress: add --quiet, which turns the progress bars off"""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     if checkpoints:
         parser.add_argument("checkpoints", nargs=checkpoints,
@@ -42,7 +49,18 @@ def make_parser(doc, checkpoints="+", data_dir=False, device=True, out=None, dty
                             help=dtype_help)
     if out:
         parser.add_argument("--out", default=OUT, help=f"directory for {out} (default {OUT})")
+    if progress:
+        parser.add_argument("--quiet", action="store_true",
+                            help="no progress bars (they are off anyway when stderr is not a terminal)")
     return parser
+
+
+def positive_int(text):
+    """argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def label_checkpoints(parser, paths, labels=None):
@@ -56,24 +74,92 @@ def label_checkpoints(parser, paths, labels=None):
     return dict(zip(labels, paths))
 
 
-def device_and_dtype(args):
+def device_and_dtype(parser, args):
     """(device, autocast dtype) from --device and --dtype, "auto" resolved for this machine."""
-    device = pick_device(args.device)
+    try:
+        device = pick_device(args.device)
+    except DeviceError as e:
+        parser.error(str(e))
     return device, resolve_dtype(args.dtype, device.split(":")[0])
 
 
-def output_path(out, name):
-    """out/name, creating out if needed."""
-    os.makedirs(out, exist_ok=True)
-    return os.path.join(out, name)
+def bars_shown(quiet):
+    """Whether progress bars are drawn: not with --quiet, nor when stderr is not a terminal (a log
+    file or a pipe would fill with bars)."""
+    return not quiet and sys.stderr.isatty()
+
+
+def progress(iterable, quiet=False, **tqdm_args):
+    """iterable with a tqdm progress bar on stderr (count, rate, time left) where bars_shown(quiet),
+    for the loops that take minutes."""
+    from tqdm import tqdm
+    return tqdm(iterable, disable=not bars_shown(quiet), **tqdm_args)
 
 
 # -----------------------------------------------------------------------------
-# loading, with one line on stderr and exit status 1 for whatever cannot be read
+# one line on stderr and exit status 3 for whatever cannot be read or written
 
 
 def fail(message):
-    sys.exit(message)  # printed to stderr, exit status 1
+    print(message, file=sys.stderr)
+    sys.exit(EXIT_FAILED)
+
+
+def one_line(e):
+    """An exception as 'Type: first line': the libraries' own messages run to paragraphs."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def output_dir(out):
+    """Make the --out directory if needed and check that files can be written there, before any long
+    work: a report lost after an hour of evaluation to a typo in --out is the worst kind of failure."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        fail(f"--out {out} is a file; --out names a directory (made if missing) for the results")
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        fail(f"cannot write in --out {out} ({one_line(e)}); give a writable directory with --out")
+    return out
+
+
+def write_text(out, name, text):
+    """Write text to out/name; returns the path."""
+    path = os.path.join(out, name)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        fail(f"cannot write {path} ({one_line(e)}); give a writable directory with --out")
+    return path
+
+
+def pyplot():
+    """matplotlib.pyplot drawing to files only: no display is needed on a cluster node."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, out, name):
+    """Lay out fig, write it to out/name as a PNG and close it; returns the path."""
+    plt = pyplot()
+    path = os.path.join(out, name)
+    try:
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    except OSError as e:
+        fail(f"cannot write {path} ({one_line(e)}); give a writable directory with --out")
+    finally:
+        plt.close(fig)
+    return path
+
+
+# -----------------------------------------------------------------------------
+# loading
 
 
 def cannot_load(path, reason):
@@ -103,8 +189,8 @@ def load(path, device):
         warnings.simplefilter("always")
         try:
             loaded, error = checkpoint.load_model(path, device), None
-        except Exception as e:  # truncated zip, bad pickle, failed checksum, missing shard, not a checkpoint, ...
-            loaded, error = None, e
+        except (Exception, CheckpointException) as e:  # CheckpointException derives from BaseException only
+            loaded, error = None, e  # truncated zip, bad pickle, failed checksum, missing shard, ...
     skipped = []
     for w in caught:
         if os.path.abspath(w.filename) == os.path.abspath(checkpoint.__file__):
@@ -119,8 +205,18 @@ def load(path, device):
         cannot_load(path, "truncated, or not a checkpoint (not a complete torch zip archive)")
     if skipped and os.path.isdir(path) and not checkpoint.is_sharded_checkpoint(path):  # skipped every one
         cannot_load(path, "none of its checkpoints loads: " + "; ".join(skipped))
+    if isinstance(error, CheckpointException) and error.failures:  # its message: a list of ranks, then tracebacks
+        error = next(iter(error.failures.values()))[0]
     reason = first_sentence(error).removeprefix(f"{path}: ")
     cannot_load(path, f"{type(error).__name__}: {reason}" if reason else type(error).__name__)
+
+
+def check_block_size(block_size, config, path, source="--block_size"):
+    """Exit in one line if sequences of block_size tokens do not fit the model of checkpoint path;
+    source: where block_size came from, to say what to change."""
+    if block_size > config["block_size"]:
+        fail(f"{source} {block_size} is longer than the context of {path} ({config['block_size']} tokens); "
+             f"use --block_size {config['block_size']} or less")
 
 
 def validation_sequences(args, config, block_size, num_sequences):

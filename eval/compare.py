@@ -30,6 +30,8 @@ import re
 import statistics
 import sys
 
+import scipy.stats
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configurator import read_defaults  # noqa: E402
@@ -44,56 +46,7 @@ BASELINE = tuple(DEFAULTS[k] for k in VARIANT_KEYS)  # train.py's default attent
 
 
 # -----------------------------------------------------------------------------
-# Student t quantile without scipy: the CDF from the regularized incomplete beta function
-# (continued fraction, as in Numerical Recipes), inverted by bisection
-
-
-def _beta_continued_fraction(a, b, x):
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 1000):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def regularized_beta(a, b, x):
-    """I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):  # where the continued fraction converges fast
-        return front * _beta_continued_fraction(a, b, x) / a
-    return 1.0 - front * _beta_continued_fraction(b, a, 1.0 - x) / b
-
-
-def t_cdf(t, df):
-    tail = 0.5 * regularized_beta(df / 2.0, 0.5, df / (df + t * t))  # P(T > |t|)
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_quantile(p, df):
-    """The p-quantile of Student's t with df degrees of freedom (p > 0.5)."""
-    if not 0.5 < p < 1.0:
-        raise ValueError(f"t_quantile needs 0.5 < p < 1, got {p}")
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return 0.5 * (lo + hi)
+# statistics
 
 
 def paired_stats(diffs, confidence=0.95):
@@ -103,8 +56,8 @@ def paired_stats(diffs, confidence=0.95):
     if n < 2:
         return {"n": n, "mean": mean, "std": None, "ci": None}
     std = statistics.stdev(diffs)
-    half = t_quantile(0.5 + confidence / 2.0, n - 1) * std / math.sqrt(n)
-    return {"n": n, "mean": mean, "std": std, "ci": (mean - half, mean + half)}
+    ci = scipy.stats.t.interval(confidence, n - 1, loc=mean, scale=std / math.sqrt(n))
+    return {"n": n, "mean": mean, "std": std, "ci": tuple(float(x) for x in ci)}
 
 
 # -----------------------------------------------------------------------------
@@ -153,6 +106,13 @@ def variant_label(variant):
     extras = [k.removeprefix(f"{attn_type}_") + ("" if v is True else f"={v}")
               for k, v in values.items() if v != DEFAULTS[k]]
     return "+".join([attn_type, *extras])
+
+
+def variant_title(variant):
+    """The variant as headings and legends name it, the attention type in capitals: 'SA', 'XSA',
+    'XSA+gate', 'XSA+layers=4'."""
+    attn_type, plus, extras = variant_label(variant).partition("+")
+    return attn_type.upper() + plus + extras
 
 
 def find_runs(patterns):
@@ -276,8 +236,9 @@ def comparison(settings):
 
 
 def markdown(runs, settings, rows, unpaired, warnings):
-    others = sorted({r.label for r in runs if r.variant != BASELINE})
-    title = f"SA vs {', '.join(others)}" if others else "SA only"
+    others = sorted({r.variant for r in runs if r.variant != BASELINE}, key=variant_label)
+    baseline = variant_title(BASELINE)
+    title = f"{baseline} vs {', '.join(map(variant_title, others))}" if others else f"{baseline} only"
     lines = [f"## {title}: {len(runs)} runs, {len(settings)} setting{'s' * (len(settings) != 1)}", "",
              "Final validation loss of each run (its last evaluation):", "",
              "| run | setting | variant | seed | step | val loss |", "|---|---|---|---|---|---|"]
@@ -356,12 +317,10 @@ def line_styles(runs):
     return styles
 
 
-def plot(settings, rows, path, smooth=0.0, ylim=None):
-    """Train loss, validation loss and the paired validation difference from SA, one colour per
-    setting and one line style per variant."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(settings, rows, out, smooth=0.0, ylim=None):
+    """compare.png in out: train loss, validation loss and the paired validation difference from SA,
+    one colour per setting and one line style per variant."""
+    plt = common.pyplot()
     from matplotlib.lines import Line2D
 
     fig, (ax_train, ax_val, ax_diff) = plt.subplots(1, 3, figsize=(17, 5))
@@ -405,11 +364,9 @@ def plot(settings, rows, path, smooth=0.0, ylim=None):
     ax_diff.grid(alpha=0.3)
 
     handles = [Line2D([], [], color=colour, lw=2, label=label) for label, colour in colours.items()]
-    handles += [Line2D([], [], color="grey", ls=style, label=variant_label(v)) for v, style in styles.items()]
+    handles += [Line2D([], [], color="grey", ls=style, label=variant_title(v)) for v, style in styles.items()]
     ax_val.legend(handles=handles, fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return common.save_figure(fig, out, "compare.png")
 
 
 def main():
@@ -422,6 +379,7 @@ def main():
     args = parser.parse_args()
     if not 0.0 <= args.smooth < 1.0:
         parser.error("--smooth must be in [0, 1)")
+    out = common.output_dir(args.out)
 
     runs = find_runs(args.runs)
     if not runs:
@@ -432,11 +390,10 @@ def main():
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
 
-    with open(common.output_path(args.out, "compare.md"), "w", encoding="utf-8") as f:
-        f.write(table)
-    plot(settings, rows, common.output_path(args.out, "compare.png"), args.smooth, args.ylim)
+    path = common.write_text(out, "compare.md", table)
+    plot(settings, rows, out, args.smooth, args.ylim)
     print(table)
-    print(f"wrote {os.path.join(args.out, 'compare.md')} and compare.png")
+    print(f"wrote {path} and compare.png")
 
 
 if __name__ == "__main__":

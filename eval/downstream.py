@@ -8,13 +8,19 @@ SA against XSA, with the per-task difference and the paper's Table 2 beside ours
     python eval/downstream.py --sa out/sa_0p7b --xsa out/xsa_0p7b --paper
 A quick look on a subset of each task:
     python eval/downstream.py out/sa_tiny out/xsa_tiny --labels SA XSA --limit 200
+Without the Hub, on local copies of the tasks (docs/evaluation.md, "Without the Hub"):
+    python eval/downstream.py out/sa_tiny --include_path my_tasks/ --no_default_tasks
 
 The table has the paper's layout: one headline metric per task (acc or acc_norm, as the
 paper says), in percent. Everything lm-eval reports (both metrics, standard errors) goes to
 the JSON file next to the markdown table in --out.
 """
 
+import contextlib
+import difflib
+import glob
 import json
+import math
 import os
 import sys
 
@@ -61,9 +67,9 @@ def make_adapter_class():
     class GPTAdapter(TemplateLM):
         """Our GPT with tiktoken's gpt2 encoding, as lm-eval's scoring engine sees a model."""
 
-        def __init__(self, model, device="cpu", dtype="float32", batch_size=16):
+        def __init__(self, model, device="cpu", dtype="float32", batch_size=16, quiet=True):
             super().__init__()
-            self.model, self.batch_size, self.dtype = model, int(batch_size), dtype
+            self.model, self.batch_size, self.dtype, self.quiet = model, int(batch_size), dtype, quiet
             self._device = torch.device(device)
             self.device_type = self._device.type
             self.enc = tiktoken.get_encoding("gpt2")
@@ -83,6 +89,10 @@ def make_adapter_class():
         def tok_decode(self, tokens):
             return self.enc.decode(tokens)
 
+        def loglikelihood(self, requests, disable_tqdm=False):
+            # lm-eval's own bar (tokenizing) follows --quiet too
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not common.bars_shown(self.quiet))
+
         @torch.no_grad()
         def log_probs(self, idx):
             """Log-probabilities over the real vocabulary, (B, T, 50257) float32."""
@@ -96,7 +106,10 @@ def make_adapter_class():
             # longest first, so the first batch shows whether memory suffices
             collator = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
             results = []
-            for chunk in collator.get_batched(n=self.batch_size):
+            batches = common.progress(collator.get_batched(n=self.batch_size), self.quiet or disable_tqdm,
+                                      total=math.ceil(len(requests) / self.batch_size), desc="log-likelihoods",
+                                      unit="batch")
+            for chunk in batches:
                 rows, cont_lens = [], []
                 for _, context, continuation in chunk:
                     assert 0 < len(continuation) <= self.max_length, "continuation longer than the context window"
@@ -131,7 +144,7 @@ def make_adapter_class():
                     windows.append((None, context, continuation))
                     owner.append(i)
             totals = [0.0] * len(requests)
-            for i, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows)):
+            for i, (logprob, _) in zip(owner, self._loglikelihood_tokens(windows, disable_tqdm)):
                 totals[i] += logprob
             for request, total in zip(requests, totals):
                 self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
@@ -142,7 +155,7 @@ def make_adapter_class():
             """Greedy decoding, one request at a time, until a stop string, end-of-text or
             max_gen_toks. Simple rather than fast: none of the paper's tasks generate."""
             outputs = []
-            for request in requests:
+            for request in common.progress(requests, self.quiet or disable_tqdm, desc="generation", unit="request"):
                 context, gen_kwargs = request.args
                 until = gen_kwargs.get("until") or [self.tok_decode([self.eot_token_id])]
                 until = [until] if isinstance(until, str) else list(until)
@@ -166,12 +179,169 @@ def make_adapter_class():
     return GPTAdapter
 
 
-def evaluate_model(model, tasks, device, dtype, batch_size=16, limit=None, task_manager=None, bootstrap_iters=1000):
-    """lm-eval's results for one model on device: {"results": {task: {metric: value}}, ...}."""
+def evaluate_model(model, tasks, device, dtype, batch_size=16, limit=None, task_manager=None, bootstrap_iters=1000,
+                   quiet=True):
+    """lm-eval's results for one model on device: {"results": {task: {metric: value}}, ...}.
+    tasks: task names, or the Task objects load_tasks returns (their data loaded once for all models)."""
     from lm_eval import simple_evaluate
-    adapter = make_adapter_class()(model, device, dtype, batch_size)
+    adapter = make_adapter_class()(model, device, dtype, batch_size, quiet)
     return simple_evaluate(model=adapter, tasks=list(tasks), num_fewshot=0, limit=limit,
                            task_manager=task_manager, bootstrap_iters=bootstrap_iters, log_samples=False)
+
+
+# -----------------------------------------------------------------------------
+# the tasks and their data, checked before any model is loaded
+
+
+LOCAL_LOADERS = ("json", "csv", "parquet", "text", "arrow")  # datasets' loaders of local files
+NO_HUB_HINT = "without Hub access, evaluate local copies of the tasks (docs/evaluation.md, \"Without the Hub\")"
+
+
+def task_names(parser, args, task_manager):
+    """--tasks, or by default the paper's 8 tasks; with --no_default_tasks, those of the 8 that
+    --include_path defines (every task there if it defines none of them)."""
+    if args.tasks:
+        names = args.tasks.replace(",", " ").split()
+    elif args.no_default_tasks:
+        names = [t for t in TASKS if t in task_manager.task_index] or task_manager.all_subtasks
+    else:
+        names = list(TASKS)
+    if not names:
+        parser.error(f"--include_path {args.include_path} defines no task")
+    for name in names:
+        if name not in task_manager.task_index:
+            close = difflib.get_close_matches(name, task_manager.all_tasks, n=3)
+            where = f"--include_path {args.include_path} does not define it" if args.no_default_tasks else \
+                "lm-eval and --include_path do not define it"
+            parser.error(f"unknown task {name}: {where}" + (f"; close: {', '.join(close)}" if close else ""))
+    return names
+
+
+def task_config(entry):
+    """The merged YAML config of one task from lm-eval's index, or {} for a group, a tag or a task
+    defined in Python."""
+    config = entry.cfg or {}
+    return config if entry.yaml_path and isinstance(config.get("task"), str) else {}
+
+
+def data_files(entry):
+    """The local files a task's YAML reads (dataset_kwargs.data_files: a path, a list, or one per
+    split), relative ones joined to the YAML's folder."""
+    files = (task_config(entry).get("dataset_kwargs") or {}).get("data_files") or []
+    files = list(files.values()) if isinstance(files, dict) else files
+    flat = [f for group in (files if isinstance(files, list) else [files])
+            for f in (group if isinstance(group, list) else [group])]
+    return sorted({os.path.join(entry.yaml_path.parent, f) for f in flat})
+
+
+def shown(path):
+    """path as the user would type it: relative to the working directory when under it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def check_data_file(pattern, task, yaml_path):
+    """Exit with one line naming the file if a task's data file is missing, empty or, for JSON, not
+    one JSON document or one JSON object per line: datasets would end in StopIteration without a name."""
+    paths = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    whose = f"a data file of task {task} ({shown(str(yaml_path))})"
+    for path in map(shown, paths):
+        if not os.path.isfile(path):
+            common.fail(f"{path}: no such file, {whose}; data_files are read from the YAML's folder")
+        json_file = path.endswith((".json", ".jsonl"))
+        if os.path.getsize(path) == 0:
+            common.fail(f"{path}: empty, {whose}; it needs the task's examples"
+                        + (", one JSON object per line" if json_file else ""))
+        if not json_file:
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            json.loads(text)  # one JSON document (a list of examples) is data too
+            continue
+        except UnicodeDecodeError as e:
+            common.fail(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}), {whose}")
+        except ValueError:
+            pass
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                example = json.loads(line)
+            except ValueError as e:
+                common.fail(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno}), {whose}; "
+                            f"it needs one JSON object per line")
+            if not isinstance(example, dict):
+                common.fail(f"{path}, line {number}: a JSON {type(example).__name__}, not an object, {whose}; "
+                            f"it needs one JSON object per line")
+
+
+def hub_dataset(entry):
+    """The Hub dataset a task reads, or None for local files (or a group of tasks)."""
+    path = task_config(entry).get("dataset_path")
+    return None if not path or path in LOCAL_LOADERS or os.path.exists(path) else path
+
+
+def check_hub(repo_id, task):
+    """Exit at once when the Hub cannot be read, where datasets would retry for half a minute and end
+    in a 40-line traceback. One metadata request: it fails fast offline and honours proxy settings.
+    In offline mode datasets reads its local cache and makes no request: nothing to check."""
+    offline = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    if any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in offline):
+        return
+    from huggingface_hub import HfApi
+    try:
+        HfApi().dataset_info(repo_id, timeout=10)
+    except Exception as e:
+        common.fail(f"cannot read {repo_id} (the data of task {task}) from the Hugging Face Hub "
+                    f"({common.one_line(e)}); with the data in the local cache, set HF_DATASETS_OFFLINE=1; "
+                    f"{NO_HUB_HINT}")
+
+
+@contextlib.contextmanager
+def working_dir(path):
+    """datasets reads relative data_files from the working directory: make it the YAML's folder."""
+    cwd = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+
+
+def root_cause(e):
+    """The innermost exception of a chain: datasets wraps the one that says what is wrong."""
+    while e.__cause__ or e.__context__:
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def load_tasks(task_manager, names):
+    """lm-eval Task objects with their data loaded, or exit with one line naming the task that failed
+    and why. Data files are checked first; a task's relative data_files are read from its YAML's folder."""
+    entries = {name: task_manager.task_index[name] for name in names}
+    for name, entry in entries.items():
+        for pattern in data_files(entry):
+            check_data_file(pattern, name, entry.yaml_path)
+    hub = {name: hub_dataset(entry) for name, entry in entries.items() if hub_dataset(entry)}
+    if hub:
+        name, repo_id = next(iter(hub.items()))
+        check_hub(repo_id, name)
+    tasks = []
+    for name, entry in entries.items():
+        folder = entry.yaml_path.parent if data_files(entry) else os.getcwd()
+        try:
+            with working_dir(folder):
+                tasks += task_manager.load([name])["tasks"].values()
+        except Exception as e:
+            cause = root_cause(e)
+            reason = common.one_line(e) + (f"; {common.one_line(cause)}" if cause is not e else "")
+            if name in hub:
+                common.fail(f"cannot load task {name}, {hub[name]} from the Hub ({reason}); offline, its data must be "
+                            f"in the local cache (a run with Hub access puts it there); {NO_HUB_HINT}")
+            where = shown(str(entry.yaml_path)) if entry.yaml_path else "lm-eval"
+            common.fail(f"cannot load task {name} ({where}): {reason}")
+    return tasks
 
 
 def headline_row(results):
@@ -198,14 +368,18 @@ def format_table(rows):
 
 
 def main():
-    parser = common.make_parser(__doc__, checkpoints="*", out="downstream.json and downstream.md")
+    parser = common.make_parser(__doc__, checkpoints="*", out="downstream.json and downstream.md", progress=True)
     parser.add_argument("--sa", help="SA checkpoint; with --xsa, the table adds the row XSA - SA")
     parser.add_argument("--xsa", help="XSA checkpoint")
-    parser.add_argument("--tasks", default=" ".join(TASKS), help="lm-eval task names, space or comma separated")
+    parser.add_argument("--tasks", default=None,
+                        help="lm-eval task names, space or comma separated; default: the paper's 8 (with "
+                             "--no_default_tasks: those of them that --include_path defines)")
     parser.add_argument("--limit", type=float, default=None,
                         help="examples per task (a fraction if < 1); for quick looks only")
-    parser.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass")
-    parser.add_argument("--include_path", default=None, help="an extra directory of lm-eval task YAMLs")
+    parser.add_argument("--batch_size", type=common.positive_int, default=16, help="sequences per forward pass")
+    parser.add_argument("--include_path", default=None,
+                        help="an extra directory of lm-eval task YAMLs; their relative data_files are read "
+                             "from each YAML's folder")
     parser.add_argument("--no_default_tasks", action="store_true",
                         help="index only --include_path, not lm-eval's built-in tasks (faster; local task copies)")
     parser.add_argument("--bootstrap_iters", type=int, default=1000,
@@ -221,27 +395,37 @@ def main():
         if not args.checkpoints:
             parser.error("give at least one checkpoint, or --sa and --xsa")
         models = common.label_checkpoints(parser, args.checkpoints, args.labels)
-    device, dtype = common.device_and_dtype(args)
+    if args.no_default_tasks and not args.include_path:
+        parser.error("--no_default_tasks needs --include_path")
+    if args.include_path and not os.path.isdir(args.include_path):
+        parser.error(f"--include_path {args.include_path}: no such directory")
+    device, dtype = common.device_and_dtype(parser, args)
+    out = common.output_dir(args.out)
 
     try:
         from lm_eval.tasks import TaskManager
     except ImportError:
-        sys.exit('eval/downstream.py needs lm-evaluation-harness: pip install "lm-eval>=0.4.13"')
-    tasks = args.tasks.replace(",", " ").split()
-    if args.no_default_tasks and not args.include_path:
-        parser.error("--no_default_tasks needs --include_path")
-    task_manager = TaskManager(include_path=args.include_path, include_defaults=not args.no_default_tasks)
+        common.fail('eval/downstream.py needs lm-evaluation-harness: pip install "lm-eval>=0.4.13"')
+    # absolute, so that the task files are found while a task's data loads from its YAML's folder
+    include_path = os.path.abspath(args.include_path) if args.include_path else None
+    task_manager = TaskManager(include_path=include_path, include_defaults=not args.no_default_tasks)
+    names = task_names(parser, args, task_manager)
+    if not common.bars_shown(args.quiet):
+        import datasets
+        datasets.disable_progress_bars()  # its bars for preparing the tasks' data
+    tasks = load_tasks(task_manager, names)
     limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
 
     report, rows = {}, {}
     for label, path in models.items():
         print(f"evaluating {label}: {path}", flush=True)
         model, _ = common.load(path, device)
-        out = evaluate_model(model, tasks, device, dtype, args.batch_size, limit, task_manager, args.bootstrap_iters)
+        results = evaluate_model(model, tasks, device, dtype, args.batch_size, limit, task_manager,
+                                 args.bootstrap_iters, args.quiet)
         model.to("cpu")  # free the accelerator for the next checkpoint
-        rows[label] = headline_row(out["results"])
-        report[label] = {"checkpoint": path, "headline": rows[label], "results": out["results"],
-                         "n_samples": out.get("n-samples"), "versions": out.get("versions")}
+        rows[label] = headline_row(results["results"])
+        report[label] = {"checkpoint": path, "headline": rows[label], "results": results["results"],
+                         "n_samples": results.get("n-samples"), "versions": results.get("versions")}
     if len(rows) == 2:
         (a, row_a), (b, row_b) = rows.items()
         rows[f"delta {b} - {a}"] = {c: row_b[c] - row_a[c] for c in row_b if c in row_a}
@@ -252,12 +436,12 @@ def main():
     table = format_table(shown)
     print(table)
 
-    with open(common.output_path(args.out, "downstream.json"), "w") as f:
-        json.dump({"tasks": tasks, "limit": limit, "models": report, "table": rows}, f, indent=2, default=str)
-    with open(common.output_path(args.out, "downstream.md"), "w") as f:
-        f.write(f"Zero-shot, lm-evaluation-harness; headline metric per task as in the paper, in percent"
-                f"{'; limit ' + str(limit) + ' examples per task' if limit else ''}.\n\n{table}\n")
-    print(f"wrote {os.path.join(args.out, 'downstream.json')} and downstream.md")
+    path = common.write_text(out, "downstream.json", json.dumps(
+        {"tasks": names, "limit": limit, "models": report, "table": rows}, indent=2, default=str))
+    limited = f"; limit {limit} examples per task" if limit else ""
+    common.write_text(out, "downstream.md", f"Zero-shot, lm-evaluation-harness; headline metric per task as in the "
+                                            f"paper, in percent{limited}.\n\n{table}\n")
+    print(f"wrote {path} and downstream.md")
 
 
 if __name__ == "__main__":

@@ -22,10 +22,11 @@ from runtime import autocast  # noqa: E402
 
 
 @torch.no_grad()
-def position_losses(model, x, y, batch_size=16, dtype="float32"):
-    """Mean cross-entropy at each position over the sequences x, y (N, T): a float64 tensor (T,)."""
+def position_losses(model, x, y, batch_size=16, dtype="float32", quiet=True, desc=None):
+    """Mean cross-entropy at each position over the sequences x, y (N, T): a float64 tensor (T,).
+    With quiet=False, a progress bar over the batches (desc: its label)."""
     total = torch.zeros(x.size(1), dtype=torch.float64, device=x.device)
-    for i in range(0, len(x), batch_size):
+    for i in common.progress(range(0, len(x), batch_size), quiet, desc=desc, unit="batch"):
         xb, yb = x[i:i + batch_size], y[i:i + batch_size]
         with autocast(x.device.type, dtype):
             logits, _ = model(xb)
@@ -60,11 +61,10 @@ def format_table(results):
     return "\n".join(lines)
 
 
-def plot(results, path):
-    """Loss per bucket against the bucket's middle position; with two models, their difference too."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(results, out):
+    """position_loss.png in out: loss per bucket against the bucket's middle position; with two
+    models, their difference too."""
+    plt = common.pyplot()
     labels = list(results)
     centers = [(b["start"] + b["end"] - 1) / 2 for b in results[labels[0]]["buckets"]]
     panels = 2 if len(labels) == 2 else 1
@@ -81,34 +81,37 @@ def plot(results, path):
                        title=f"{labels[1]} - {labels[0]}")
     for ax in axes[0]:
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return common.save_figure(fig, out, "position_loss.png")
 
 
 def main():
-    parser = common.make_parser(__doc__, data_dir=True, out="position_loss.json, .md and .png")
-    parser.add_argument("--num_sequences", type=int, default=512,
+    parser = common.make_parser(__doc__, data_dir=True, out="position_loss.json, .md and .png", progress=True)
+    parser.add_argument("--num_sequences", type=common.positive_int, default=512,
                         help="validation sequences, capped at what the val shards hold")
-    parser.add_argument("--block_size", type=int, default=None,
+    parser.add_argument("--block_size", type=common.positive_int, default=None,
                         help="sequence length; default: the first checkpoint's block_size")
-    parser.add_argument("--buckets", type=int, default=16, help="number of position ranges")
-    parser.add_argument("--batch_size", type=int, default=16, help="sequences per forward pass")
+    parser.add_argument("--buckets", type=common.positive_int, default=16, help="number of position ranges")
+    parser.add_argument("--batch_size", type=common.positive_int, default=16, help="sequences per forward pass")
     args = parser.parse_args()
     checkpoints = common.label_checkpoints(parser, args.checkpoints, args.labels)
-    device, dtype = common.device_and_dtype(args)
+    device, dtype = common.device_and_dtype(parser, args)
+    out = common.output_dir(args.out)
 
     results, x, y = {}, None, None
     for label, path in checkpoints.items():
         model, config = common.load(path, device)
         if x is None:  # the same tokens for every model (the first one's data by default), so the curves compare
             block_size = args.block_size or config["block_size"]
+            common.check_block_size(block_size, config, path)
             data_dir, x, y = common.validation_sequences(args, config, block_size, args.num_sequences)
             x, y = x.to(device), y.to(device)
-        elif not args.data_dir and config["data_dir"] != data_dir:
-            print(f"note: {label} was trained on {config['data_dir']}, scored on {data_dir} as the first model",
-                  flush=True)
-        per_position = position_losses(model, x, y, args.batch_size, dtype).cpu()
+        else:
+            common.check_block_size(block_size, config, path,
+                                    "--block_size" if args.block_size else "the first checkpoint's block_size")
+            if not args.data_dir and config["data_dir"] != data_dir:
+                print(f"note: {label} was trained on {config['data_dir']}, scored on {data_dir} as the first model",
+                      flush=True)
+        per_position = position_losses(model, x, y, args.batch_size, dtype, args.quiet, label).cpu()
         results[label] = {"checkpoint": path, "attn_type": config["attn_type"],
                           "mean": per_position.mean().item(), "buckets": bucket_losses(per_position, args.buckets),
                           "per_position": per_position.tolist()}
@@ -118,14 +121,12 @@ def main():
     table = format_table(results)
     print(table)
 
-    with open(common.output_path(args.out, "position_loss.json"), "w") as f:
-        json.dump({"data_dir": data_dir, "num_sequences": len(x), "block_size": x.size(1), "models": results},
-                  f, indent=2)
-    with open(common.output_path(args.out, "position_loss.md"), "w") as f:
-        f.write(f"Validation loss by position, {len(x)} sequences of {x.size(1)} tokens from {data_dir}.\n\n"
-                f"{table}\n")
-    plot(results, common.output_path(args.out, "position_loss.png"))
-    print(f"wrote {os.path.join(args.out, 'position_loss.json')}, position_loss.md and position_loss.png")
+    report = {"data_dir": data_dir, "num_sequences": len(x), "block_size": x.size(1), "models": results}
+    path = common.write_text(out, "position_loss.json", json.dumps(report, indent=2))
+    common.write_text(out, "position_loss.md", f"Validation loss by position, {len(x)} sequences of {x.size(1)} "
+                                               f"tokens from {data_dir}.\n\n{table}\n")
+    plot(results, out)
+    print(f"wrote {path}, position_loss.md and position_loss.png")
 
 
 if __name__ == "__main__":

@@ -30,14 +30,17 @@ def main():
     parser.add_argument("--seed", type=int, default=1337, help="sampling seed")
     args = parser.parse_args()
 
-    device, dtype = common.device_and_dtype(args)
+    device, dtype = common.device_and_dtype(parser, args)
     torch.manual_seed(args.seed)
     model, config = common.load(args.checkpoint, device)
     enc = tiktoken.get_encoding("gpt2")
     start = args.start
     if start.startswith("FILE:"):
-        with open(start[len("FILE:"):], encoding="utf-8") as f:
-            start = f.read()
+        try:
+            with open(start[len("FILE:"):], encoding="utf-8") as f:
+                start = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            common.fail(f"cannot read the prompt file {start[len('FILE:'):]} ({common.one_line(e)})")
     # the end-of-text token is allowed in the prompt: every training document starts with it
     prompt = enc.encode(start, allowed_special={"<|endoftext|>"})
     idx = torch.tensor([prompt], dtype=torch.long, device=device)

@@ -28,14 +28,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from eval import common  # noqa: E402
-from model import exclude_self  # noqa: E402
 from runtime import autocast  # noqa: E402
 
 QUANTITIES = {
     "cos_vv": "cos(v_i, v_j), i != j",
     "a_ii": "diagonal attention a_ii",
     "cos_yv": "cos(y_i, v_i), before XSA",
-    "cos_zv": "|cos(z_i, v_i)|, after XSA",
+    "cos_zv": "|z_i·v_i| / (|v_i| |y_i|), after XSA",
 }
 
 
@@ -63,9 +62,7 @@ def layer_stats(attn, x, cos, sin, n_sinks):
         "cos_yv": F.cosine_similarity(y, v, dim=-1)[:, :, tokens].mean(dim=(1, 2)).sum().item(),
     }
     if attn.attn_type == "xsa":  # this block's: xsa_layers may leave some blocks SA
-        z = exclude_self(y, v_kv)
-        if attn.xsa_alpha is not None:  # gated XSA: z = y - tanh(alpha) * proj
-            z = y + torch.tanh(attn.xsa_alpha.float()).view(1, -1, 1, 1) * (z - y)
+        z = attn.exclude_self(y, v_kv)  # with the gate of gated XSA
         ortho = (z * v).sum(dim=-1).abs() / (v.norm(dim=-1) * y.norm(dim=-1)).clamp_min(1e-12)
         stats["cos_zv"] = ortho[:, :, max(n_sinks, 1):].mean(dim=(1, 2)).sum().item()
     return stats
@@ -99,9 +96,11 @@ def similarity_stats(model, x, dtype="float32"):
     return means
 
 
-def stats_over_batches(model, x, batch_size, dtype):
-    """similarity_stats over many sequences, in batches of batch_size: one mean over all of them."""
-    per_batch = [(len(batch), similarity_stats(model, batch, dtype)) for batch in x.split(batch_size)]
+def stats_over_batches(model, x, batch_size, dtype, quiet=True, desc=None):
+    """similarity_stats over many sequences, in batches of batch_size: one mean over all of them.
+    With quiet=False, a progress bar over the batches (desc: its label)."""
+    batches = common.progress(x.split(batch_size), quiet, desc=desc, unit="batch")
+    per_batch = [(len(batch), similarity_stats(model, batch, dtype)) for batch in batches]
 
     def mean(name):
         if per_batch[0][1][name] is None:
@@ -127,11 +126,9 @@ def format_table(results):
     return "\n".join(lines)
 
 
-def plot(results, path):
-    """One panel per model, side by side: each quantity against the layer index."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def plot(results, out):
+    """similarity.png in out: one panel per model, side by side, each quantity against the layer index."""
+    plt = common.pyplot()
     from matplotlib.ticker import MaxNLocator
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), sharey=True, squeeze=False)
     for ax, (label, stats) in zip(axes[0], results.items()):
@@ -145,43 +142,43 @@ def plot(results, path):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("mean over heads, tokens and sequences")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return common.save_figure(fig, out, "similarity.png")
 
 
 def main():
-    parser = common.make_parser(__doc__, data_dir=True, out="similarity.json and similarity.png",
+    parser = common.make_parser(__doc__, data_dir=True, out="similarity.json and similarity.png", progress=True,
                                 dtype_help="autocast dtype of the forward pass (auto: bfloat16 on GPUs that "
                                            "support it); the statistics are computed in float32")
-    parser.add_argument("--num_sequences", type=int, default=1024,
+    parser.add_argument("--num_sequences", type=common.positive_int, default=1024,
                         help="validation sequences (paper: 1024), capped at what the val shards hold")
-    parser.add_argument("--block_size", type=int, default=None,
+    parser.add_argument("--block_size", type=common.positive_int, default=None,
                         help="sequence length; default: each checkpoint's block_size")
-    parser.add_argument("--batch_size", type=int, default=4,
+    parser.add_argument("--batch_size", type=common.positive_int, default=4,
                         help="sequences per forward pass; small, as the attention matrix is explicit")
     args = parser.parse_args()
     checkpoints = common.label_checkpoints(parser, args.checkpoints, args.labels)
-    device, dtype = common.device_and_dtype(args)
+    device, dtype = common.device_and_dtype(parser, args)
+    out = common.output_dir(args.out)
 
     results, info = {}, {}
     for label, path in checkpoints.items():
         model, config = common.load(path, device)
         block_size = args.block_size or config["block_size"]
+        common.check_block_size(block_size, config, path, "--block_size")
         data_dir, x, _ = common.validation_sequences(args, config, block_size, args.num_sequences)
         print(f"{label}: {path}, attn_type={config['attn_type']}, {len(x)} sequences of {block_size} tokens "
               f"from {data_dir}", flush=True)
-        results[label] = stats_over_batches(model, x.to(device), args.batch_size, dtype)
+        results[label] = stats_over_batches(model, x.to(device), args.batch_size, dtype, args.quiet, label)
         info[label] = {"checkpoint": path, "attn_type": config["attn_type"], "n_sinks": config.get("n_sinks", 0),
                        "data_dir": data_dir, "num_sequences": len(x), "block_size": block_size}
         model.to("cpu")
     print(format_table(results))
 
-    with open(common.output_path(args.out, "similarity.json"), "w") as f:
-        models = {label: dict(info[label], **results[label]) for label in results}
-        json.dump({"quantities": QUANTITIES, "models": models}, f, indent=2)
-    plot(results, common.output_path(args.out, "similarity.png"))
-    print(f"wrote {os.path.join(args.out, 'similarity.json')} and similarity.png")
+    models = {label: dict(info[label], **results[label]) for label in results}
+    path = common.write_text(out, "similarity.json", json.dumps({"quantities": QUANTITIES, "models": models},
+                                                                indent=2))
+    plot(results, out)
+    print(f"wrote {path} and similarity.png")
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ import pytest
 from configurator import read_defaults
 from conftest import REPO
 
-# Student t 0.975 quantiles from a printed table, by degrees of freedom
+# Student t quantiles from a printed table, by degrees of freedom: 0.975 (95% intervals), 0.95 (90%)
 T_975 = {1: 12.706205, 2: 4.302653, 3: 3.182446, 4: 2.776445, 10: 2.228139, 30: 2.042272}
+T_95 = {5: 2.015048}
 
 
 def load_compare():
@@ -106,11 +107,18 @@ def runs(tmp_path):
     return root
 
 
-def test_t_quantile_matches_the_printed_table():
+def test_confidence_intervals_match_the_printed_t_table():
+    """paired_stats at 95% for several sample sizes, and at 90%, against t quantiles from a printed table."""
     compare = load_compare()
-    for df, t in T_975.items():
-        assert compare.t_quantile(0.975, df) == pytest.approx(t, abs=2e-6)
-    assert compare.t_quantile(0.95, 5) == pytest.approx(2.015048, abs=2e-6)
+    cases = [(0.95, df, t) for df, t in T_975.items()] + [(0.90, df, t) for df, t in T_95.items()]
+    for confidence, df, t in cases:
+        diffs = [0.01 * ((i * 7) % 5) - 0.02 + 0.003 * i for i in range(df + 1)]
+        stats = compare.paired_stats(diffs, confidence)
+        mean, std = statistics.mean(diffs), statistics.stdev(diffs)
+        half = t * std / math.sqrt(df + 1)
+        assert stats["n"] == df + 1 and stats["mean"] == pytest.approx(mean) and stats["std"] == pytest.approx(std)
+        assert stats["ci"] == (pytest.approx(mean - half, abs=1e-6), pytest.approx(mean + half, abs=1e-6))
+    assert compare.paired_stats([0.1])["ci"] is None  # one pair: no spread to estimate
 
 
 def test_table_has_final_val_loss_and_paired_difference_statistics(runs, tmp_path):
@@ -121,6 +129,7 @@ def test_table_has_final_val_loss_and_paired_difference_statistics(runs, tmp_pat
         markdown = f.read()
     assert markdown in proc.stdout
 
+    assert markdown.startswith("## SA vs XSA: 17 runs, 2 settings\n")
     per_run = {r["run"]: r for r in table_rows(markdown, "| run |")}
     assert len(per_run) == 17
     for setting, by_attn in FINAL.items():
@@ -225,6 +234,7 @@ def test_gated_xsa_is_compared_with_sa_separately_from_plain_xsa(tmp_path):
         assert high == pytest.approx(statistics.mean(diffs) + half, abs=5e-5)
         assert row["variant lower"] == f"{sum(d < 0 for d in diffs)}/3"
     assert "without a partner" in markdown and "xsa_gate_a_seed4" in markdown
+    assert markdown.startswith("## SA vs XSA, XSA+gate: 10 runs, 1 setting\n")
     assert "Not compared" not in markdown  # a variant key missing from old runs is no setting key left out
 
 

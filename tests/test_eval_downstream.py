@@ -1,9 +1,14 @@
-"""eval/downstream.py: the lm-eval adapter scores exactly what the model computes, and the real
-lm-eval definitions of the paper's 8 tasks run end to end on tiny local fixtures."""
+"""eval/downstream.py: the lm-eval adapter scores exactly what the model computes, the real
+lm-eval definitions of the paper's 8 tasks run end to end on tiny local fixtures, the recipe of
+docs/evaluation.md for a machine without the Hub runs as written, and task data that cannot be
+read (no Hub, a missing, empty or corrupt data file) stops the script in one line before any model
+loads."""
 
+import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -156,6 +161,25 @@ def test_generate_until_is_greedy_and_stops_at_stop_strings(sa_model):
     assert generate([stop]) == enc.decode(rollout).split(stop)[0]
 
 
+def test_adapter_draws_a_progress_bar_over_batches_on_a_terminal_unless_quiet(sa_model, requests_and_expected,
+                                                                            monkeypatch):
+    requests, _ = requests_and_expected
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    batches = math.ceil(len(requests) / 4)
+    for quiet in (False, True):
+        terminal = Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        make_adapter_class()(sa_model, "cpu", "float32", batch_size=4, quiet=quiet)._loglikelihood_tokens(requests)
+        if quiet:
+            assert terminal.getvalue() == ""
+        else:
+            assert re.search(rf"100%\|[^\r]*\| {batches}/{batches} \[\d\d:\d\d<\d\d:\d\d", terminal.getvalue())
+
+
 def test_paper_table_averages_are_the_mean_of_the_eight_tasks():
     for label, values in PAPER_TABLE2.items():
         assert len(values) == len(TASKS) + 1
@@ -222,30 +246,33 @@ def test_eight_tasks_run_end_to_end_on_fixtures(downstream_report):
     assert "| paper 1.3B XSA | 58.84 | 62.29 |" in stdout
 
 
-def test_task_results_match_brute_force_scoring(downstream_report, trained_runs):
-    """Two tasks recomputed from their documents with the plain model: BoolQ accuracy (choices
-    " no"/" yes") and LAMBADA perplexity (exp of the mean negative log-likelihood of the last word)."""
-    report, _, _ = downstream_report
-    model, _ = load_model(trained_runs["sa"], "cpu")
+def score_strings(model, context, continuation):
+    """brute_force on strings, split as lm-eval splits them: encode the whole, then cut at the context's length."""
     enc = tiktoken.get_encoding("gpt2")
+    ctx = enc.encode_ordinary(context)
+    return brute_force(model, ctx, enc.encode_ordinary(context + continuation)[len(ctx):])[0]
 
-    def score(context, continuation):  # lm-eval's split: encode the whole, then cut at the context's length
-        ctx = enc.encode_ordinary(context)
-        return brute_force(model, ctx, enc.encode_ordinary(context + continuation)[len(ctx):])[0]
 
+@pytest.mark.parametrize("label", ["SA", "XSA"])
+def test_task_results_match_brute_force_scoring(downstream_report, trained_runs, label):
+    """Two tasks recomputed from their documents with the plain model: BoolQ accuracy (choices
+    " no"/" yes") and LAMBADA perplexity (exp of the mean negative log-likelihood of the last word).
+    For both models: the tasks' data is loaded once and scored afresh for the second."""
+    report, _, _ = downstream_report
+    model, _ = load_model(trained_runs[label.lower()], "cpu")
     with open(os.path.join(FIXTURES, "boolq.jsonl")) as f:
         docs = [json.loads(line) for line in f]
     correct = 0
     for doc in docs:
         context = f"{doc['passage']}\nQuestion: {doc['question']}?\nAnswer:"
-        scores = [score(context, " no"), score(context, " yes")]
+        scores = [score_strings(model, context, " no"), score_strings(model, context, " yes")]
         correct += scores.index(max(scores)) == doc["label"]
-    assert report["models"]["SA"]["results"]["boolq"]["acc,none"] == pytest.approx(correct / len(docs))
+    assert report["models"][label]["results"]["boolq"]["acc,none"] == pytest.approx(correct / len(docs))
 
     with open(os.path.join(FIXTURES, "lambada_openai.jsonl")) as f:
         texts = [json.loads(line)["text"] for line in f]
-    nll = [-score(" ".join(t.split(" ")[:-1]), " " + t.split(" ")[-1]) for t in texts]
-    assert report["models"]["SA"]["results"]["lambada_openai"]["perplexity,none"] == \
+    nll = [-score_strings(model, " ".join(t.split(" ")[:-1]), " " + t.split(" ")[-1]) for t in texts]
+    assert report["models"][label]["results"]["lambada_openai"]["perplexity,none"] == \
         pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-4)
 
 
@@ -278,3 +305,112 @@ def test_a_checkpoint_that_cannot_be_loaded_is_named_in_one_line(trained_runs, f
     assert lines[-1].startswith(f"cannot load checkpoint {path}: ") and reason in lines[-1]
     assert ("evaluating SA" in proc.stdout) == (case == "truncated")  # a mistyped path fails before any work
     assert len(lines) == 1 or case == "truncated"
+
+
+# -----------------------------------------------------------------------------
+# without the Hub
+
+
+def docs_block(heading):
+    """The first bash block under a heading of docs/evaluation.md."""
+    with open(os.path.join(REPO, "docs", "evaluation.md"), encoding="utf-8") as f:
+        text = f.read()
+    section = text[text.index(heading):]
+    return re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+
+
+def offline_env(tmp_path, **extra):
+    """No Hub: offline mode, an empty cache of datasets, and an endpoint nothing listens on."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"),
+               HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"), HF_ENDPOINT="http://127.0.0.1:9")
+    env.update(extra)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def test_the_documented_recipe_without_the_hub_runs_as_written(trained_runs, tmp_path):
+    """The commands of docs/evaluation.md, "Without the Hub", run unchanged from a checkout whose
+    out/sa_tiny is a trained run: the YAML's data file, named relative to the YAML's folder, is
+    read (not the working directory's), and only the task it defines is evaluated."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in os.listdir(REPO):
+        if name not in ("out", "my_tasks"):
+            os.symlink(os.path.join(REPO, name), checkout / name)
+    (checkout / "out").mkdir()
+    os.symlink(trained_runs["sa"], checkout / "out" / "sa_tiny")
+    block = docs_block("### Without the Hub")
+    assert "--include_path my_tasks/ --no_default_tasks" in block and "--tasks" not in block
+    env = offline_env(tmp_path, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    proc = subprocess.run(["bash", "-e", "-c", block], cwd=checkout, capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(checkout / "out" / "eval" / "downstream.json") as f:
+        report = json.load(f)
+    assert report["tasks"] == ["hellaswag"]
+    with open(os.path.join(FIXTURES, "hellaswag.jsonl")) as f:
+        assert report["models"]["out/sa_tiny"]["n_samples"]["hellaswag"]["effective"] == len(f.readlines())
+    assert set(report["table"]["out/sa_tiny"]) == {"HSwag"}
+
+
+@pytest.mark.parametrize("mode", ["Hub unreachable", "offline, not cached"])
+def test_without_the_hub_the_paper_tasks_stop_in_one_line_before_any_model(trained_runs, tmp_path, mode):
+    """With the Hub out of reach: one line naming the first task's dataset and the ways out, exit 3,
+    instead of half a minute of retries and a 40-line traceback. In offline mode without the data in
+    the cache: one line naming the task and its dataset."""
+    import lm_eval.tasks
+    from lm_eval.tasks._yaml_loader import load_yaml
+    installed = os.path.join(os.path.dirname(lm_eval.tasks.__file__), INSTALLED_TASK_YAML["arc_easy"])
+    dataset = load_yaml(installed, resolve_func=False)["dataset_path"]
+    env = offline_env(tmp_path, HF_HUB_OFFLINE=None, HF_DATASETS_OFFLINE=None) if mode == "Hub unreachable" \
+        else offline_env(tmp_path)
+    proc = subprocess.run([sys.executable, "eval/downstream.py", trained_runs["sa"], "--limit", "20", "--device", "cpu",
+                           "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "evaluating" not in proc.stdout, proc.stderr[-3000:]
+    if mode == "Hub unreachable":
+        assert lines[0].startswith(f"cannot read {dataset} (the data of task arc_easy) from the Hugging Face Hub (")
+        assert "HF_DATASETS_OFFLINE=1" in lines[0]
+    else:
+        assert lines[0].startswith(f"cannot load task arc_easy, {dataset} from the Hub (")
+    assert "docs/evaluation.md" in lines[0]
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "not JSON", "not an object"])
+def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs, tmp_path, case):
+    """A task YAML of --include_path whose data file (relative to it) is missing, empty or not JSON lines."""
+    import lm_eval.tasks
+    tasks = tmp_path / "my_tasks"
+    tasks.mkdir()
+    installed = os.path.join(os.path.dirname(lm_eval.tasks.__file__), INSTALLED_TASK_YAML["boolq"])
+    with open(tasks / "boolq.yaml", "w") as f:
+        yaml.safe_dump({"include": installed, "dataset_path": "json", "dataset_name": None,
+                        "dataset_kwargs": {"data_files": {"train": "boolq.jsonl", "validation": "boolq.jsonl"}}}, f)
+    with open(os.path.join(FIXTURES, "boolq.jsonl")) as f:
+        good = f.read().splitlines(keepends=True)
+    data = tasks / "boolq.jsonl"
+    if case == "empty":
+        data.write_text("")
+    elif case == "not JSON":
+        data.write_text(good[0] + '{"question": "is it cut off\n' + "".join(good[1:]))
+    elif case == "not an object":
+        data.write_text(good[0] + "[1, 2]\n")
+    proc = subprocess.run([sys.executable, "eval/downstream.py", trained_runs["sa"], "--include_path", str(tasks),
+                           "--no_default_tasks", "--device", "cpu", "--out", str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=offline_env(tmp_path))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "evaluating" not in proc.stdout, proc.stderr[-3000:]
+    reason = {"missing": ": no such file", "empty": ": empty", "not JSON": ", line 2: not valid JSON",
+              "not an object": ", line 2: a JSON list, not an object"}[case]
+    assert lines[0].startswith(f"{data}{reason}") and "task boolq" in lines[0]
+
+
+def test_an_unknown_task_is_refused_before_any_model_loads(trained_runs, fixture_tasks, tmp_path):
+    proc = subprocess.run([sys.executable, "eval/downstream.py", trained_runs["sa"], "--tasks", "boolq,hellaswa",
+                           "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu",
+                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "evaluating" not in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        f"error: unknown task hellaswa: --include_path {fixture_tasks} does not define it; close: hellaswag")

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import load_model
-from conftest import MICRO, REPO
+from conftest import MICRO, REPO, micro_args, run_train
 from dataloader import val_sequences
 from eval.position_loss import bucket_losses, position_losses
 
@@ -81,6 +81,7 @@ def test_cli_writes_tables_and_plot(trained_runs, data_dir, tmp_path):
         with torch.no_grad():
             _, loss = model(x, y)  # the model's own loss on the training data's val tokens
         assert result["mean"] == pytest.approx(loss.item(), rel=1e-4)
+    assert "%|" not in proc.stderr  # stderr is a pipe here: no progress bars
     markdown = (tmp_path / "position_loss.md").read_text()
     assert "| positions | SA | XSA | XSA - SA |" in markdown and "| all (mean) |" in markdown
     png = tmp_path / "position_loss.png"
@@ -105,3 +106,23 @@ def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, 
         _, default = model(*val_sequences(data_dir, MICRO["block_size"], 8 * MICRO["block_size"]))
     assert report["models"]["SA"]["mean"] == pytest.approx(want.item(), rel=1e-4)
     assert abs(want.item() - default.item()) > 1e-2  # the two data sets tell apart
+
+
+@pytest.mark.parametrize("given", ["--block_size", "first checkpoint"])
+def test_sequences_longer_than_a_models_context_are_refused_in_one_line(trained_runs, data_dir, tmp_path, given):
+    """--block_size 64 on a 32-token model, or a second model with a shorter context than the first
+    one's block_size that sets the sequence length: one line naming the checkpoint and the fix."""
+    if given == "--block_size":
+        args, source = [trained_runs["sa"], "--block_size", "64"], "--block_size 64"
+    else:
+        longer = str(tmp_path / "run_64")
+        run_train(micro_args(data_dir, longer, block_size=64, max_iters=1, eval_interval=1, checkpoint_interval=1,
+                             val_tokens=1024))
+        args, source = [longer, trained_runs["sa"]], "the first checkpoint's block_size 64"
+    proc = subprocess.run([sys.executable, "eval/position_loss.py", *args, "--num_sequences", "2", "--device", "cpu",
+                           "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3
+    assert proc.stderr.strip().splitlines() == [f"{source} is longer than the context of {trained_runs['sa']} "
+                                                 f"({MICRO['block_size']} tokens); use --block_size "
+                                                 f"{MICRO['block_size']} or less"], proc.stderr
+    assert not os.path.exists(tmp_path / "out" / "position_loss.json")

@@ -1,24 +1,34 @@
 """eval/similarity.py: the Figure 1 quantities agree with a naive float64 re-implementation of
 attention written here from the weights, sinks are not counted as tokens, XSA's output is
-orthogonal to the own value vector, and the validation data defaults to the checkpoint's own.
-Also eval/common.py's loading, which every script that loads checkpoints uses: a checkpoint that
-cannot be loaded is named in one line on stderr, with a nonzero exit and no traceback."""
+orthogonal to the own value vector (gated XSA: what the gate leaves), and the validation data
+defaults to the checkpoint's own.
+Also what eval/common.py gives every script: a checkpoint that cannot be loaded, or an --out that
+cannot be written, is named in one line on stderr with exit status 3 and no traceback, and progress
+bars are drawn on a terminal only, never with --quiet."""
 
+import fcntl
 import json
 import math
 import os
+import pty
+import re
 import shutil
+import struct
 import subprocess
 import sys
+import termios
+import traceback
 
 import pytest
 import torch
 
-from checkpoint import list_checkpoints, load_model
+from torch.distributed.checkpoint.api import CheckpointException
+
+from checkpoint import list_checkpoints, load_model, save_sharded_checkpoint
 from conftest import MICRO, REPO
 from dataloader import val_sequences
 from eval import common
-from eval.similarity import similarity_stats, stats_over_batches
+from eval.similarity import QUANTITIES, similarity_stats, stats_over_batches
 from model import GPT, GPTConfig
 
 
@@ -38,8 +48,10 @@ def rotate(x, theta):
 def naive_stats(model, x):
     """Per layer: mean cos(v_i, v_j) (i != j), a_ii and cos(y_i, v_i) over heads, tokens and
     sequences, from each head's rows of the q, k, v weights and a masked softmax, in float64; query
-    head h reads key/value head h // (n_head / n_kv_head). The residual stream is advanced block
-    by block here, not captured with hooks."""
+    head h reads key/value head h // (n_head / n_kv_head). In XSA layers also |z_i·v_i| / (|v_i| |y_i|)
+    with z = y - g (y·v / |v|^2) v, g = tanh(alpha) of gated XSA or 1, over the tokens after the
+    first (None in SA layers). The residual stream is advanced block by block here, not captured
+    with hooks."""
     c = model.config
     S, H, D, per_kv = c.n_sinks, c.n_head, c.head_dim, c.n_head // c.n_kv_head
     h = model.transformer.wte(x)
@@ -47,10 +59,11 @@ def naive_stats(model, x):
         h = torch.cat((model.sinks.expand(len(x), -1, -1), h), dim=1)
     h = model.transformer.ln_emb(h)
     L = h.size(1)
-    out = {"cos_vv": [], "a_ii": [], "cos_yv": []}
+    out = {"cos_vv": [], "a_ii": [], "cos_yv": [], "cos_zv": []}
     for block in model.transformer.h:
         a = block.ln_1(h).double()
         Wq, Wk, Wv = (getattr(block.attn, name).weight.double() for name in ("c_q", "c_k", "c_v"))
+        xsa, alpha = block.attn.attn_type == "xsa", block.attn.xsa_alpha
         sums = {name: 0.0 for name in out}
         for b in range(len(x)):
             for head in range(H):
@@ -69,8 +82,13 @@ def naive_stats(model, x):
                 sums["cos_vv"] += torch.stack(cos_pairs).mean().item()
                 sums["a_ii"] += att.diagonal().mean().item()
                 sums["cos_yv"] += ((y * v).sum(-1) / (y.norm(dim=-1) * v.norm(dim=-1))).mean().item()
+                if xsa:
+                    gate = 1.0 if alpha is None else math.tanh(alpha[head].item())
+                    z = y - gate * ((y * v).sum(-1, keepdim=True) / (v * v).sum(-1, keepdim=True)) * v
+                    ortho = (z * v).sum(-1).abs() / (v.norm(dim=-1) * y.norm(dim=-1))
+                    sums["cos_zv"] += ortho[0 if S else 1:].mean().item()  # a sink before it: z is no noise
         for name in out:
-            out[name].append(sums[name] / (len(x) * H))
+            out[name].append(sums[name] / (len(x) * H) if name != "cos_zv" or xsa else None)
         h = block(h, model.rope_cos[:L], model.rope_sin[:L])
     return out
 
@@ -114,6 +132,22 @@ def test_grouped_query_attention_and_xsa_in_some_layers(val_x):
     for name in ("cos_vv", "a_ii", "cos_yv"):
         assert got[name] == pytest.approx(want[name], abs=2e-5), name
     assert got["cos_zv"][0] is None and 0 <= got["cos_zv"][1] < 1e-4
+    assert want["cos_zv"][0] is None and got["cos_zv"][1] == pytest.approx(want["cos_zv"][1], abs=2e-5)
+
+
+def test_gated_xsa_leaves_what_its_gate_says(val_x):
+    """Gated XSA removes tanh(alpha) of each head's projection on its value: cos_zv matches the
+    naive formula with that gate, and is far from plain XSA's ~0."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**dict(MICRO, attn_type="xsa", xsa_gate=True))).eval()
+    with torch.no_grad():
+        for i, block in enumerate(model.transformer.h):
+            block.attn.xsa_alpha.copy_(torch.tensor([0.3, -1.2]) * (i + 1))
+    got = similarity_stats(model, val_x)
+    want = naive_stats(model, val_x)
+    for name in QUANTITIES:
+        assert got[name] == pytest.approx(want[name], abs=2e-5), name
+    assert min(got["cos_zv"]) > 1e-2
 
 
 def test_xsa_output_is_orthogonal_to_own_value(trained_runs, val_x):
@@ -148,6 +182,7 @@ def test_cli_writes_every_layer_and_a_plot(trained_runs, data_dir, tmp_path):
     png = tmp_path / "similarity.png"
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"| {n_layer - 1} |" in proc.stdout  # the table has a row for the last layer
+    assert "%|" not in proc.stderr  # stderr is a pipe here: no progress bars
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +217,8 @@ def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, 
 @pytest.fixture(scope="module")
 def bad_checkpoints(trained_runs, tmp_path_factory):
     """{case: (path, words the reason must contain)}: a missing path, a directory without
-    checkpoints, a truncated file, a file with flipped bytes, a run whose only checkpoint is truncated."""
+    checkpoints, a truncated file, a file with flipped bytes, a run whose only checkpoint is truncated,
+    a sharded (FSDP) checkpoint whose .metadata is overwritten."""
     root = tmp_path_factory.mktemp("bad_checkpoints")
     with open(list_checkpoints(trained_runs["sa"])[-1], "rb") as f:
         good = f.read()
@@ -193,22 +229,51 @@ def bad_checkpoints(trained_runs, tmp_path_factory):
     (root / "empty_dir").mkdir()
     (root / "broken_run").mkdir()
     (root / "broken_run" / "ckpt_0000050.pt").write_bytes(good[:1000])
+    model = GPT(GPTConfig(**MICRO))
+    sharded = save_sharded_checkpoint(model, torch.optim.AdamW(model.parameters()), {"config": dict(MICRO), "step": 1},
+                                      str(root / "fsdp_run"), 1)
+    load_model(sharded, "cpu")  # it loads before the damage
+    metadata = os.path.join(sharded, ".metadata")
+    with open(metadata, "r+b") as f:
+        f.seek(os.path.getsize(metadata) // 3)
+        f.write(b"\x00" * 64)
     return {"missing": (str(root / "no_such_run"), "no such file"),
             "empty directory": (str(root / "empty_dir"), "no checkpoint"),
             "truncated": (str(root / "truncated.pt"), "truncated"),
             "corrupt": (str(root / "flipped.pt"), "checksum"),
-            "unreadable run": (str(root / "broken_run"), "ckpt_0000050.pt")}
+            "unreadable run": (str(root / "broken_run"), "ckpt_0000050.pt"),
+            "corrupt sharded metadata": (sharded, "")}
 
 
-@pytest.mark.parametrize("case", ["missing", "empty directory", "truncated", "corrupt", "unreadable run"])
+def one_line_exit(exit_info, stderr):
+    """The message of a script that stopped with one line on stderr and exit status 3."""
+    assert exit_info.value.code == 3
+    assert stderr.endswith("\n") and stderr.count("\n") == 1, stderr
+    return stderr.strip()
+
+
+@pytest.mark.parametrize("case", ["missing", "empty directory", "truncated", "corrupt", "unreadable run",
+                                  "corrupt sharded metadata"])
 def test_load_names_the_checkpoint_and_why_it_cannot_be_loaded(bad_checkpoints, case, capsys):
     path, reason = bad_checkpoints[case]
     with pytest.raises(SystemExit) as exit_info:
         common.load(path, "cpu")
-    message = exit_info.value.code  # sys.exit(message): printed on stderr, exit status 1
-    assert isinstance(message, str) and "\n" not in message
+    message = one_line_exit(exit_info, capsys.readouterr().err)  # the one line is the whole report
     assert message.startswith(f"cannot load checkpoint {path}: ") and reason in message
-    assert capsys.readouterr().err == ""  # nothing else: the one line is the whole report
+
+
+def test_load_reports_a_distributed_checkpoint_exception_in_one_line(trained_runs, monkeypatch, capsys):
+    """torch.distributed.checkpoint's CheckpointException derives from BaseException, not Exception;
+    the first failing rank's error is the reason given."""
+    def unreadable(path, device):
+        error = ValueError("the metadata names no shard files")
+        raise CheckpointException("load failed", {0: (error, traceback.extract_stack())})
+
+    monkeypatch.setattr(common.checkpoint, "load_model", unreadable)
+    with pytest.raises(SystemExit) as exit_info:
+        common.load(trained_runs["sa"], "cpu")
+    message = one_line_exit(exit_info, capsys.readouterr().err)
+    assert message == f"cannot load checkpoint {trained_runs['sa']}: ValueError: the metadata names no shard files"
 
 
 def test_load_warns_in_one_line_about_a_skipped_newer_checkpoint(trained_runs, tmp_path, capsys):
@@ -235,6 +300,94 @@ def test_scripts_exit_with_one_line_naming_the_checkpoint(trained_runs, bad_chec
     proc = subprocess.run([sys.executable, f"eval/{script}", *checkpoints, "--device", "cpu"]
                           + ([] if script == "sample.py" else ["--num_sequences", "2", "--out", str(tmp_path)]),
                           cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
+    assert proc.returncode == 3
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr  # one line, no traceback
     assert proc.stderr.startswith(f"cannot load checkpoint {path}: ") and reason in proc.stderr
+
+
+# -----------------------------------------------------------------------------
+# where the results go (eval/common.py): --out is a directory that can be written
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory no file can be created in: mode 555, or for root (whom modes do not stop) the
+    immutable attribute."""
+    path = tmp_path / "read_only"
+    path.mkdir()
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+    else:
+        path.chmod(0o555)
+    try:
+        (path / "probe").write_text("")
+        os.remove(path / "probe")
+        pytest.skip("cannot make a read-only directory here (root without chattr)")
+    except OSError:
+        pass
+    yield str(path)
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("script", ["compare.py", "similarity.py", "position_loss.py", "downstream.py"])
+@pytest.mark.parametrize("case", ["a file", "read-only"])
+def test_an_out_that_cannot_be_written_is_named_in_one_line(trained_runs, tmp_path, request, script, case):
+    """Checked before any model is loaded: a report is never lost at the end of a long evaluation."""
+    if case == "a file":
+        out = tmp_path / "results.md"
+        out.write_text("an earlier report\n")
+    else:
+        out = request.getfixturevalue("read_only_dir")
+    args = [trained_runs["sa"]] if script == "compare.py" else [trained_runs["sa"], "--device", "cpu"]
+    proc = subprocess.run([sys.executable, f"eval/{script}", *args, "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr  # one line, before any work
+    if case == "a file":
+        assert proc.stderr.startswith(f"--out {out} is a file; --out names a directory")
+        assert out.read_text() == "an earlier report\n"
+    else:
+        assert proc.stderr.startswith(f"cannot write in --out {out} (") and "writable directory" in proc.stderr
+        assert os.listdir(out) == []
+
+
+# -----------------------------------------------------------------------------
+# progress bars (eval/common.py)
+
+
+def run_on_terminal(args):
+    """Run a command from the repo root with its stderr on a 100-column pseudo-terminal and stdout on
+    a pipe: (exit status, stdout, what the terminal received)."""
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=terminal, text=True)
+    os.close(terminal)
+    received = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the terminal's other end closed: the process has exited
+            break
+        if not chunk:
+            break
+        received += chunk
+    os.close(controller)
+    stdout, _ = proc.communicate(timeout=300)
+    return proc.returncode, stdout, received.decode(errors="replace")
+
+
+@pytest.mark.parametrize("script", ["similarity.py", "position_loss.py"])
+def test_progress_bar_with_eta_on_a_terminal_and_none_with_quiet(trained_runs, tmp_path, script):
+    """2 batches per model: a bar per model, labelled with it, counting to 2/2 with the time left."""
+    args = [sys.executable, f"eval/{script}", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
+            "--num_sequences", "4", "--batch_size", "2", "--device", "cpu", "--out", str(tmp_path)]
+    status, stdout, terminal = run_on_terminal(args)
+    assert status == 0, terminal[-3000:]
+    for label in ("SA", "XSA"):
+        assert re.search(rf"(^|\r){label}: +100%\|[^\r]*\| 2/2 \[\d\d:\d\d<\d\d:\d\d", terminal), terminal[-3000:]
+    assert "|" in stdout  # the results table: on stdout, apart from the bars
+
+    status, _, terminal = run_on_terminal(args + ["--quiet"])
+    assert status == 0 and "%|" not in terminal and "batch" not in terminal, terminal[-3000:]
