@@ -23,6 +23,7 @@ import os
 import random
 import re
 import shutil
+import time
 import warnings
 import zlib
 
@@ -40,6 +41,7 @@ from files import fsync_dir, remove_temp_files, write_atomically
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt_(\d+)(\.pt)?")
 RUN_STATE = "run_state.pt"  # in a sharded checkpoint: everything but the model and optimizer
+RUN_FILES = ("metrics.jsonl", "train.log", "config.json")  # a run's logs, beside its checkpoints
 ARCHITECTURE_KEYS = read_defaults()[1]["ARCHITECTURE_KEYS"]  # declared beside train.py's defaults
 
 
@@ -70,16 +72,17 @@ def remove_checkpoint(path):
     shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
 
-def prune_checkpoints(out_dir, keep, known_good):
+def prune_checkpoints(out_dir, keep, known_good, protected=None):
     """Delete the checkpoints older than the newest `keep` of those known to be readable (written by
     this run, or loaded by it): an unreadable checkpoint never counts as kept, so a readable one is
-    never deleted in its favour."""
+    never deleted in its favour. `protected` (the checkpoint of the best validation loss) is never
+    deleted: after a blow-up, the newest checkpoints may all be of the diverged run."""
     good = [p for p in list_checkpoints(out_dir) if p in known_good]
     if keep <= 0 or len(good) < keep:
         return
     oldest_kept = checkpoint_step(good[-keep])
     for path in list_checkpoints(out_dir):
-        if checkpoint_step(path) < oldest_kept:
+        if checkpoint_step(path) < oldest_kept and path != protected:
             remove_checkpoint(path)
 
 
@@ -94,6 +97,18 @@ def clean_run_dir(out_dir):
         else:
             os.replace(old, old[:-len(".old")])
     remove_temp_files(out_dir, ("ckpt_*.tmp*", "metrics.jsonl.tmp*", "config.json.tmp*"))
+
+
+def set_aside_run(out_dir):
+    """Move an earlier run's checkpoints and logs into out_dir/replaced_<time>/ (a run started from
+    scratch with overwrite): nothing is deleted, and nothing of it is resumed or appended to."""
+    aside = os.path.join(out_dir, time.strftime("replaced_%Y%m%d-%H%M%S"))
+    os.makedirs(aside)
+    for path in list_checkpoints(out_dir) + [os.path.join(out_dir, name) for name in RUN_FILES]:
+        if os.path.exists(path):
+            os.replace(path, os.path.join(aside, os.path.basename(path)))
+    fsync_dir(out_dir)
+    return aside
 
 
 class CorruptCheckpoint(ValueError):
@@ -126,6 +141,38 @@ def tensor_checksums(state, prefix=""):
     return sums
 
 
+def state_checksum(state):
+    """CRC32 of everything in a state but the tensors' bytes: its structure and every other value (step,
+    loader position, config, RNG states, checksums, ...), written out by repr, which is exact for floats.
+    A tensor counts here by dtype and shape; its bytes are tensor_checksums'."""
+    def skeleton(x):
+        if isinstance(x, torch.Tensor):
+            return "tensor", str(x.dtype), tuple(x.shape)
+        if isinstance(x, dict):
+            return [(repr(key), skeleton(value)) for key, value in x.items()]
+        if isinstance(x, (list, tuple)):
+            return type(x).__name__, [skeleton(value) for value in x]
+        return x
+    return zlib.crc32(repr(skeleton(state)).encode())
+
+
+def with_checksums(state):
+    """state plus the checksums load_checkpoint_file verifies: of every tensor, then of all the rest."""
+    state = {**state, "checksums": tensor_checksums(state)}
+    return {**state, "state_checksum": state_checksum(state)}
+
+
+def verify_state(path, state):
+    """Check and remove the checksums with_checksums added; raise CorruptCheckpoint on a mismatch."""
+    expected = state.pop("state_checksum", None)
+    if expected is None:
+        raise CorruptCheckpoint(f"{path}: no checksum (damaged, or written by an older version of train.py)")
+    if state_checksum(state) != expected:
+        raise CorruptCheckpoint(f"{path}: the run state (step, loader position, config, RNG, ...) does not match "
+                                f"its checksum (corrupted on disk)")
+    verify_checksums(path, state, state.pop("checksums"))
+
+
 def verify_checksums(path, state, expected):
     actual = tensor_checksums(state)
     for name in sorted(set(expected) | set(actual)):
@@ -139,7 +186,7 @@ def save_checkpoint(state, out_dir, step):
     temp file, leaves older checkpoints intact and raises OSError naming the checkpoint."""
     os.makedirs(out_dir, exist_ok=True)
     path = checkpoint_path(out_dir, step)
-    state = {**state, "checksums": tensor_checksums(state)}
+    state = with_checksums(state)
     try:
         write_atomically(path, lambda f: torch.save(state, f))
     except (OSError, RuntimeError) as e:
@@ -194,7 +241,7 @@ def save_sharded_checkpoint(model, optimizer, state, out_dir, step):
             for p in glob.glob(os.path.join(tmp, "*.distcp")):  # any file DCP named otherwise
                 shard_checksums.setdefault(os.path.basename(p), file_crc32(p))
             with open(os.path.join(tmp, RUN_STATE), "wb") as f:
-                torch.save({**state, "shard_checksums": shard_checksums}, f)
+                torch.save(with_checksums({**state, "shard_checksums": shard_checksums}), f)
                 f.flush()
                 os.fsync(f.fileno())
             fsync_dir(tmp)
@@ -216,12 +263,28 @@ def save_sharded_checkpoint(model, optimizer, state, out_dir, step):
     return path
 
 
+@contextlib.contextmanager
+def dcp_errors(path):
+    """torch.distributed.checkpoint's failures as CorruptCheckpoint: its CheckpointException derives from
+    BaseException, which `except Exception` (the fallback to an older checkpoint, the eval scripts'
+    one-line errors) would let through as a traceback."""
+    try:
+        yield
+    except CheckpointException as e:
+        reasons = "; ".join(f"rank {rank}: {type(error[0]).__name__}: {error[0]}"
+                            for rank, error in sorted(e.failures.items()))
+        raise CorruptCheckpoint(f"{path}: unreadable sharded checkpoint ({reasons or e})") from None
+
+
 def check_shards(path, shard_checksums=None):
     """Raise if a sharded checkpoint's metadata is unreadable, one of its shard files is missing or
     shorter than the metadata says (a truncated write), or does not match its checksum. Under
     torchrun each process reads every world_size-th shard file for its checksum, not all of them
     (load_latest_checkpoint makes the processes agree)."""
-    metadata = dcp.FileSystemReader(path).read_metadata()
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+    except Exception as e:  # a pickle: a corrupt one fails in many ways
+        raise CorruptCheckpoint(f"{path}: unreadable .metadata ({type(e).__name__}: {e})") from None
     sizes = {}
     for info in metadata.storage_data.values():
         sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), info.offset + info.length)
@@ -240,13 +303,13 @@ def load_checkpoint_file(path, map_location="cpu"):
     (all but model and optimizer, which load_training_state reads), after checking its shards."""
     if os.path.isdir(path):
         state = torch.load(os.path.join(path, RUN_STATE), map_location="cpu", weights_only=True)
-        check_shards(path, state.pop("shard_checksums", None))
+        verify_state(os.path.join(path, RUN_STATE), state)
+        with dcp_errors(path):
+            check_shards(path, state.pop("shard_checksums"))
         return state
     # memory-mapped on the CPU: the processes of a node share one copy of a large file
     state = torch.load(path, map_location=map_location, weights_only=True, mmap=map_location == "cpu")
-    expected = state.pop("checksums", None)
-    if expected is not None:
-        verify_checksums(path, state, expected)
+    verify_state(path, state)
     return state
 
 
@@ -258,7 +321,7 @@ def load_latest_checkpoint(out_dir, map_location="cpu"):
         state, error = None, None
         try:
             state = load_checkpoint_file(path, map_location)
-        except Exception as e:  # truncated zip, bad pickle, missing shard, ...: fall back to the previous one
+        except (Exception, CheckpointException) as e:  # truncated zip, bad pickle, missing shard, ...: the previous one
             error = f"{type(e).__name__}: {e}"
         if dist.is_initialized():
             failed = [None] * dist.get_world_size()
@@ -287,7 +350,7 @@ def load_training_state(path, state, model, optimizer):
     if os.path.isdir(path):
         # this process's share of every tensor, in this run's layout: DCP reads just those bytes
         model_state, optimizer_state = get_state_dict(model, optimizer)
-        with single_process_quietly():
+        with single_process_quietly(), dcp_errors(path):
             dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path,
                      no_dist=not dist.is_initialized())
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
@@ -329,7 +392,7 @@ def load_model(path, device="cpu"):
     model = GPT(model_config(state["config"]))
     if os.path.isdir(path):
         model_state = model.state_dict()
-        with single_process_quietly():
+        with single_process_quietly(), dcp_errors(path):
             dcp.load({"model": model_state}, checkpoint_id=path, no_dist=True)  # reads the model only
         model.load_state_dict(model_state)
     else:
@@ -378,6 +441,7 @@ class Checkpointer:
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.runtime, self.sharded = runtime, sharded
         self.known_good = set()  # checkpoints this run wrote or loaded: the only ones pruning counts
+        self.best = None  # {"path", "val_loss"} of the checkpoint written at the best validation loss
 
     def gather_rng_states(self):
         """Every rank's RNG state, in rank order."""
@@ -400,14 +464,19 @@ class Checkpointer:
             dist.all_reduce(bad)
         return bad.item() == 0
 
-    def save(self, step, loader_state, run_info):
-        """Write the checkpoint of `step` (run_info: config, wandb_run_id, best_val_loss, provenance),
-        then prune. Refuses (NonFiniteState) a state that holds NaN or inf; a failed write raises
-        OSError on every rank and leaves the previous checkpoints intact."""
+    def save(self, step, loader_state, run_info, val_loss=None):
+        """Write the checkpoint of `step` (run_info: config, wandb_run_id, best_val_loss, provenance, ...;
+        val_loss: the validation loss of this step, if evaluated), then prune, keeping the checkpoint of
+        the best validation loss whatever its age. Refuses (NonFiniteState) a state that holds NaN or
+        inf; a failed write raises OSError on every rank and leaves the previous checkpoints intact."""
         if not self.state_is_finite():
             raise NonFiniteState(f"the model or optimizer state is not finite at step {step}; "
                                  f"it was not saved, the last checkpoint in {self.out_dir} is intact")
-        state = {"step": step, "loader": loader_state, "rng": self.gather_rng_states(), **run_info}
+        best = self.best
+        if val_loss is not None and (best is None or val_loss < best["val_loss"]):
+            best = {"path": os.path.basename(checkpoint_path(self.out_dir, step, self.sharded)), "val_loss": val_loss}
+        state = {"step": step, "loader": loader_state, "rng": self.gather_rng_states(), **run_info,
+                 "best_checkpoint": best}
         path, error = None, None
         try:
             if self.sharded:  # every rank writes its shards
@@ -422,10 +491,14 @@ class Checkpointer:
             dist.all_reduce(failed)
         if failed.item():
             raise error or OSError(f"could not write checkpoint of step {step} on another rank")
+        self.best = best
         if self.runtime.is_main:
             self.known_good.add(path)
-            prune_checkpoints(self.out_dir, self.keep, self.known_good)
+            prune_checkpoints(self.out_dir, self.keep, self.known_good, self.best_path())
         return path
+
+    def best_path(self):
+        return os.path.join(self.out_dir, self.best["path"]) if self.best else None
 
     def resume(self, config):
         """Load the newest readable checkpoint into the model, optimizer, loader and RNGs. Returns
@@ -443,6 +516,7 @@ class Checkpointer:
         states = state["rng"]
         set_rng_state(states[self.runtime.rank % len(states)], self.runtime.device_type)
         self.known_good.add(path)
+        self.best = state.get("best_checkpoint")
         state.pop("model", None)
         state.pop("optimizer", None)
         return path, state

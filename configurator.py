@@ -105,9 +105,9 @@ def parse_config(defaults, argv, comments=None, prog="train.py"):
             if not os.path.isfile(arg):
                 raise ConfigError(f"config file {arg!r} does not exist")
             namespace = {}
-            with open(arg, encoding="utf-8") as f:
-                code = compile(f.read(), arg, "exec")
             try:
+                with open(arg, encoding="utf-8") as f:
+                    code = compile(f.read(), arg, "exec")
                 exec(code, namespace)
             except Exception as e:
                 raise ConfigError(f"config file {arg!r} failed: {type(e).__name__}: {e}") from e

@@ -8,6 +8,7 @@ import contextlib
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -95,6 +96,39 @@ def setup_runtime(device="auto", backend="auto"):
         backend = "nccl" if device_type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, device_id=torch.device(device) if device_type == "cuda" else None)
     return Runtime(rank, local_rank, world_size, device, device_type, True)
+
+
+class StopSignals:
+    """SIGTERM (a scheduler's preemption or time limit) and SIGINT (Ctrl-C) ask a run to stop: the first
+    is noted, and the training loop ends after its current step with a checkpoint. A second one then
+    takes its default action at once (KeyboardInterrupt, termination), unless ignore_repeats (under
+    torchrun, whose agent forwards the signal it got to ranks that may have got it already)."""
+    EXIT_STATUSES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as a shell reports it
+
+    def __init__(self, ignore_repeats=False):
+        self.received = None
+        self.ignore_repeats = ignore_repeats
+        self.defaults = {signum: signal.signal(signum, self.note) for signum in self.EXIT_STATUSES}
+
+    def note(self, signum, frame):
+        if self.received is not None:
+            return  # ignore_repeats: the handlers stay ours
+        self.received = signum
+        if not self.ignore_repeats:
+            for other, handler in self.defaults.items():
+                signal.signal(other, handler)
+
+    @property
+    def requested(self):
+        return self.received is not None
+
+    @property
+    def name(self):
+        return signal.Signals(self.received).name if self.requested else None
+
+    @property
+    def exit_status(self):
+        return self.EXIT_STATUSES[self.received] if self.requested else None
 
 
 def teardown_runtime(runtime):

@@ -11,6 +11,7 @@ Continue an interrupted (or finished, with a larger max_iters) run:
     torchrun --standalone --nproc_per_node=8 train.py config/xsa_2p7b.py --init_from=resume
 """
 
+import collections
 import errno
 import json
 import math
@@ -36,7 +37,10 @@ log_interval = 10  # optimizer steps between log lines and metrics.jsonl records
 sample_interval = 0  # optimizer steps between text samples printed to the log; 0: never
 checkpoint_interval = 1000  # optimizer steps between checkpoints (and at the last step); 0: last only
 keep_checkpoints = 2  # newest checkpoints kept in out_dir
+overwrite = False  # from scratch in an out_dir holding checkpoints: move them aside (else refused)
 skip_nonfinite_steps = 0  # optimizer steps with a non-finite loss/grad norm to skip before stopping
+loss_spike_factor = 3.0  # a train loss above this multiple of its recent mean is a spike (not checkpointed); 0: off
+loss_spike_steps = 3  # spikes in a row that stop the run (exit 3)
 # wandb
 wandb_log = False  # send metrics and the config to Weights & Biases
 wandb_project = "xsa"  # wandb project
@@ -96,25 +100,60 @@ VARIANT_KEYS = ("attn_type", "xsa_gate", "xsa_layers")
 PAIRING_KEYS = ("seed", "data_seed")
 # where and how a run is named, logged, launched or parallelised: never what it trains
 BOOKKEEPING_KEYS = ("out_dir", "init_from", "eval_interval", "log_interval", "sample_interval", "checkpoint_interval",
-                    "keep_checkpoints", "skip_nonfinite_steps", "wandb_log", "wandb_project", "wandb_group",
+                    "keep_checkpoints", "overwrite", "skip_nonfinite_steps", "loss_spike_factor", "loss_spike_steps",
+                    "wandb_log", "wandb_project", "wandb_group",
                     "wandb_run_name", "device", "compile", "backend", "parallelism", "reshard_after_forward",
                     "activation_checkpointing")
 
-from checkpoint import Checkpointer, NonFiniteState, list_checkpoints, model_config, clean_run_dir  # noqa: E402
+from checkpoint import (Checkpointer, NonFiniteState, clean_run_dir, list_checkpoints, model_config,  # noqa: E402
+                        set_aside_run)
 from configurator import ConfigError, load_config, read_defaults  # noqa: E402
 from dataloader import TrainLoader, val_sequences  # noqa: E402
+from files import DirectoryLock, DirectoryLocked, write_atomically  # noqa: E402
 from metrics import MetricsLogger, ThroughputMeter, format_count, format_duration  # noqa: E402
 from model import GPT  # noqa: E402
 from optimizers import OPTIMIZERS, build_optimizer, set_hyperparameters  # noqa: E402
 from parallelize import (ACTIVATION_CHECKPOINTING, PARALLELISMS, clip_grad_norm, compile_summary,  # noqa: E402
                          gradient_sync, is_sharded, parallelize)
-from runtime import (DeviceError, autocast, enable_tf32, peak_flops, peak_memory_gb, provenance,  # noqa: E402
+from runtime import (DeviceError, StopSignals, autocast, enable_tf32, peak_flops, peak_memory_gb, provenance,  # noqa: E402
                      reset_peak_memory, resolve_dtype, setup_runtime, teardown_runtime)
-from files import write_atomically  # noqa: E402
 
 
 class TrainingStopped(RuntimeError):
     """A condition under which continuing would waste compute or corrupt the run."""
+
+
+class LossSpikeGuard:
+    """A finite blow-up, which the non-finite check cannot see: a train loss above `factor` x the mean of
+    the recent non-spiking losses is a spike. A spiking step's state is not checkpointed (it would
+    become the newest checkpoint, the one a resume takes); `steps` spikes in a row stop the run.
+    Its state goes into checkpoints, so a resumed run judges its steps as the uninterrupted one."""
+
+    def __init__(self, factor, steps, window=50):
+        self.factor, self.steps = factor, steps
+        self.recent = collections.deque(maxlen=window)  # the last non-spiking losses
+        self.in_a_row = 0
+
+    def is_spike(self, loss):
+        """Record this step's loss; True if it is a spike."""
+        if self.factor and len(self.recent) >= 3 and loss > self.factor * sum(self.recent) / len(self.recent):
+            self.in_a_row += 1
+            return True
+        self.in_a_row = 0
+        self.recent.append(loss)
+        return False
+
+    @property
+    def diverged(self):
+        return self.factor > 0 and self.in_a_row >= self.steps
+
+    def state_dict(self):
+        return {"recent": list(self.recent), "in_a_row": self.in_a_row}
+
+    def load_state_dict(self, state):
+        self.recent.clear()
+        self.recent.extend(state["recent"])
+        self.in_a_row = state["in_a_row"]
 
 
 def derive_names(config, config_files):
@@ -126,13 +165,17 @@ def derive_names(config, config_files):
         config["wandb_group"] = name.split("_", 1)[1] if name.startswith(("sa_", "xsa_")) else name
 
 
+MAX_LEARNING_RATE = 1e3  # far above any that trains these models (1e300 would overflow AdamW's fp32 step)
+
+
 def check_config(c):
     """Ranges and choices, checked before anything runs or is written (a ConfigError exits with 2)."""
     positive = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "total_batch_size", "batch_size",
                 "max_iters", "eval_interval", "log_interval", "val_tokens", "keep_checkpoints", "learning_rate",
                 "rope_theta")
     non_negative = ("n_sinks", "warmup_iters", "checkpoint_interval", "sample_interval", "skip_nonfinite_steps",
-                    "seed", "data_seed", "weight_decay", "grad_clip", "min_lr", "lr_decay_iters")
+                    "seed", "data_seed", "weight_decay", "grad_clip", "min_lr", "lr_decay_iters", "loss_spike_factor",
+                    "loss_spike_steps")
     for key in positive:
         if c[key] is not None and c[key] <= 0:
             raise ConfigError(f"{key} must be positive, got {c[key]!r}")
@@ -141,6 +184,12 @@ def check_config(c):
             raise ConfigError(f"{key} must not be negative, got {c[key]!r}")
     if c["muon_learning_rate"] is not None and c["muon_learning_rate"] <= 0:
         raise ConfigError(f"muon_learning_rate must be positive, got {c['muon_learning_rate']!r}")
+    for key in ("learning_rate", "min_lr", "muon_learning_rate"):
+        if c[key] is not None and not c[key] <= MAX_LEARNING_RATE:  # also catches nan and inf
+            raise ConfigError(f"{key}={c[key]!r} is not a learning rate for AdamW or Muon: at most "
+                              f"{MAX_LEARNING_RATE:g} (the paper's are 3e-4 to 5e-4)")
+    if c["loss_spike_factor"] and c["loss_spike_factor"] <= 1:
+        raise ConfigError(f"loss_spike_factor must be above 1 (or 0: off), got {c['loss_spike_factor']!r}")
     for key in ("beta1", "beta2", "dropout", "muon_momentum"):
         if not 0 <= c[key] < 1:
             raise ConfigError(f"{key} must be in [0, 1), got {c[key]!r}")
@@ -256,13 +305,19 @@ def setup(c, runtime):
 
 def resume(c, run, runtime, log):
     """Continue from the newest readable checkpoint when c asks to; returns the run state it holds
-    (step, best_val_loss, wandb_run_id, elapsed_s), or that of a new run."""
-    fresh = {"step": 0, "best_val_loss": float("inf"), "wandb_run_id": uuid.uuid4().hex[:12], "elapsed_s": 0.0}
+    (step, best_val_loss, wandb_run_id, elapsed_s, loss_spike_guard), or that of a new run. From scratch,
+    an out_dir holding an earlier run's checkpoints is refused unless overwrite moves them aside: a later
+    resume would otherwise take whichever of the two runs saved last."""
+    fresh = {"step": 0, "best_val_loss": float("inf"), "wandb_run_id": uuid.uuid4().hex[:12], "elapsed_s": 0.0,
+             "loss_spike_guard": None}
     if c["init_from"] == "scratch":
-        if list_checkpoints(c["out_dir"]):
-            # not deleted (nothing is lost), but a later resume must not mix them up with this run's
-            log.print(f"warning: starting from scratch in {c['out_dir']}, which holds checkpoints of an earlier "
-                      f"run: this run replaces them as it saves; use another out_dir to keep both")
+        earlier = list_checkpoints(c["out_dir"])
+        if earlier and not c["overwrite"]:
+            raise ConfigError(f"out_dir {c['out_dir']} holds checkpoints of an earlier run (newest "
+                              f"{os.path.basename(earlier[-1])}): continue it with --init_from=resume, choose "
+                              f"another out_dir, or pass --overwrite=True to move its files aside")
+        if earlier and runtime.is_main:
+            log.print(f"overwrite: the earlier run's files are moved to {set_aside_run(c['out_dir'])}")
         return fresh
     if not list_checkpoints(c["out_dir"]):
         # nothing saved yet (a crash before the first checkpoint): resuming means starting over
@@ -285,9 +340,9 @@ def resume(c, run, runtime, log):
     return {**fresh, **{k: state[k] for k in fresh if k in state}}
 
 
-def train_loop(c, run, runtime, log, run_state, run_provenance):
+def train_loop(c, run, runtime, log, run_state, run_provenance, stop):
     """Optimizer steps from the one after run_state["step"] to max_iters, with evaluation, logging,
-    samples and checkpoints at their intervals."""
+    samples and checkpoints at their intervals; after a stop signal, the current step's checkpoint ends it."""
     start_step, best_val_loss = run_state["step"], run_state["best_val_loss"]
     flops_per_token = run.raw_model.flops_per_token(c["block_size"])
     device_peak = peak_flops(runtime.device)
@@ -312,6 +367,9 @@ def train_loop(c, run, runtime, log, run_state, run_provenance):
         log.print(f"step 0/{c['max_iters']} | val loss {val_loss:.4f}")
 
     reset_peak_memory(runtime.device_type)  # the first record's peak: training steps, not the evaluation
+    spike_guard = LossSpikeGuard(c["loss_spike_factor"], c["loss_spike_steps"])
+    if run_state["loss_spike_guard"]:
+        spike_guard.load_state_dict(run_state["loss_spike_guard"])
     batch = fetch_batch()
     skipped_steps = 0
     first_timed_step, first_timed_at = None, None  # the ETA leaves out the first step (compilation)
@@ -339,15 +397,15 @@ def train_loop(c, run, runtime, log, run_state, run_provenance):
         grad_norm = clip_grad_norm(run.raw_model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf"))
         train_loss = loss_sum / run.grad_accum
 
-        eval_step = step % c["eval_interval"] == 0 or last_step
-        checkpoint_step = (c["checkpoint_interval"] > 0 and step % c["checkpoint_interval"] == 0) or last_step
-        log_step = step % c["log_interval"] == 0 or eval_step or last_step
-        sample_step = c["sample_interval"] > 0 and (step % c["sample_interval"] == 0 or last_step)
         # checked before every update (one small all-reduce and host sync per step): a non-finite loss or
-        # gradient never reaches the weights. After the reductions every rank sees the same numbers, so
-        # all ranks decide alike
+        # gradient never reaches the weights. The same all-reduce shares a stop request (a signal may reach
+        # the processes at different steps), so every rank sees the same numbers and all decide alike
+        stop_votes = torch.tensor(float(stop.requested), device=runtime.device)
         if runtime.distributed:
-            dist.all_reduce(train_loss, op=dist.ReduceOp.AVG)
+            shared = torch.stack([train_loss, stop_votes])
+            dist.all_reduce(shared)
+            train_loss, stop_votes = shared[0] / runtime.world_size, shared[1]
+        stopping = stop_votes.item() > 0 and not last_step
         if math.isfinite(grad_norm.item()) and math.isfinite(train_loss.item()):
             run.optimizer.step()
         else:
@@ -359,6 +417,19 @@ def train_loop(c, run, runtime, log, run_state, run_provenance):
                     f"checkpoint in {c['out_dir']} is intact; lower learning_rate or raise warmup_iters")
             log.print(f"step {step}: non-finite loss or gradient, step skipped "
                       f"({skipped_steps}/{c['skip_nonfinite_steps']})")
+        spike = math.isfinite(train_loss.item()) and spike_guard.is_spike(train_loss.item())
+        if spike_guard.diverged:
+            raise TrainingStopped(
+                f"train loss {train_loss.item():.4g} at step {step}: {spike_guard.in_a_row} steps in a row above "
+                f"loss_spike_factor={c['loss_spike_factor']:g} x its recent mean, the run diverged. The spiking "
+                f"steps were not checkpointed; the checkpoints in {c['out_dir']} (the best validation loss's "
+                f"among them) are intact; lower learning_rate or raise warmup_iters")
+
+        eval_step = step % c["eval_interval"] == 0 or last_step
+        checkpoint_step = (c["checkpoint_interval"] > 0 and step % c["checkpoint_interval"] == 0) or last_step \
+            or stopping
+        log_step = step % c["log_interval"] == 0 or eval_step or last_step or stopping
+        sample_step = c["sample_interval"] > 0 and (step % c["sample_interval"] == 0 or last_step)
         run.optimizer.zero_grad(set_to_none=True)
 
         if meter.running:
@@ -387,16 +458,23 @@ def train_loop(c, run, runtime, log, run_state, run_provenance):
         if sample_step:
             text = sample_text(run.raw_model, runtime, run.dtype, seed=c["seed"] + step)
             log.print(f"step {step} sample: {text!r}")
-        if checkpoint_step:
+        if checkpoint_step and spike:
+            log.print(f"step {step}: train loss {train_loss.item():.4g} is a spike (above loss_spike_factor="
+                      f"{c['loss_spike_factor']:g} x its recent mean): no checkpoint of this state")
+        elif checkpoint_step:
             run_info = {"config": c, "wandb_run_id": run_state["wandb_run_id"], "best_val_loss": best_val_loss,
-                        "elapsed_s": elapsed(), "provenance": run_provenance}
+                        "elapsed_s": elapsed(), "provenance": run_provenance,
+                        "loss_spike_guard": spike_guard.state_dict()}
             try:
-                path = run.checkpointer.save(step, data_state, run_info)
+                path = run.checkpointer.save(step, data_state, run_info, val_loss=record["val_loss"] if eval_step else None)
             except NonFiniteState as e:
                 raise TrainingStopped(f"{e}; lower learning_rate or raise warmup_iters") from e
             except OSError as e:
                 raise TrainingStopped(f"checkpoint write failed at step {step}: {e}") from e
             log.print(f"saved checkpoint {path}")
+        if stopping:
+            log.print(f"stopped by {stop.name} after step {step}; continue with --init_from=resume")
+            return
         if log_step:  # each record's peak memory is that of the training steps since the previous one
             reset_peak_memory(runtime.device_type)
         if first_timed_step is None:
@@ -408,68 +486,105 @@ def train_loop(c, run, runtime, log, run_state, run_provenance):
     log.print(f"finished {c['max_iters']} steps in {format_duration(elapsed())}; best val loss {best_val_loss:.4f}")
 
 
-def train(c, runtime, log):
+def lock_run_dir(out_dir, runtime):
+    """One run per out_dir: rank 0 takes out_dir's lock (creating out_dir), and every rank stops alike
+    if another live process holds it. Returns the lock (None on the other ranks)."""
+    lock, error = None, None
+    if runtime.is_main:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            lock = DirectoryLock(out_dir, ".train.lock").acquire()
+        except DirectoryLocked as e:
+            error = str(e)
+    if runtime.distributed:
+        shared = [error]
+        dist.broadcast_object_list(shared, src=0)
+        error = shared[0]
+    if error:
+        raise TrainingStopped(f"{error}; two runs in one out_dir would interleave their checkpoints and logs")
+    return lock
+
+
+def train(c, runtime, log, stop):
     """The training run described by the resolved config c: setup, resume, loop."""
     run = setup(c, runtime)
-    if runtime.is_main and os.path.isdir(c["out_dir"]):
-        clean_run_dir(c["out_dir"])  # left by a process killed mid-write
-    if runtime.distributed:
-        dist.barrier()
-    run_state = resume(c, run, runtime, log)
-    run_provenance = provenance(runtime)  # git and device queries: once per run, not per checkpoint
-    # nothing is written before the config, data and checkpoint have been checked
-    if runtime.is_main:
-        os.makedirs(c["out_dir"], exist_ok=True)
-        info = json.dumps({"config": c, "provenance": run_provenance}, indent=2)
-        write_atomically(os.path.join(c["out_dir"], "config.json"), lambda f: f.write(info.encode()))
-    log.keep_steps_up_to(run_state["step"])
-    log.print(f"provenance: {json.dumps(run_provenance)}")
-    log.print(f"config: {json.dumps(c)}")
-    log.print(f"model: {run.raw_model.num_params() / 1e6:.2f}M non-embedding parameters, attn_type={c['attn_type']}; "
-              f"{c['total_batch_size']:,} tokens per step = {runtime.world_size} processes x {run.grad_accum} "
-              f"micro-steps x {c['batch_size']} x {c['block_size']}; dtype {run.dtype}")
-    strategy = ("fsdp" if run.checkpointer.sharded else "ddp" if runtime.distributed
-                else "none: one process, nothing to shard")
-    log.print(f"parallelism {strategy}; activation checkpointing {c['activation_checkpointing']}")
-    if c["wandb_log"]:
-        log.start_wandb(c["wandb_project"], c["wandb_group"], c["wandb_run_name"], run_state["wandb_run_id"], c)
-    if run_state["step"] >= c["max_iters"]:
-        log.print(f"run already finished: checkpoint step {run_state['step']} >= max_iters {c['max_iters']}")
-        return
-    train_loop(c, run, runtime, log, run_state, run_provenance)
+    lock = lock_run_dir(c["out_dir"], runtime)
+    try:
+        if runtime.is_main:
+            clean_run_dir(c["out_dir"])  # left by a process killed mid-write
+        if runtime.distributed:
+            dist.barrier()
+        run_state = resume(c, run, runtime, log)
+        if runtime.distributed:
+            dist.barrier()  # an overwritten run's files are moved aside before anyone writes
+        run_provenance = provenance(runtime)  # git and device queries: once per run, not per checkpoint
+        if runtime.is_main:
+            info = json.dumps({"config": c, "provenance": run_provenance}, indent=2)
+            write_atomically(os.path.join(c["out_dir"], "config.json"), lambda f: f.write(info.encode()))
+        log.keep_steps_up_to(run_state["step"])
+        log.print(f"provenance: {json.dumps(run_provenance)}")
+        log.print(f"config: {json.dumps(c)}")
+        log.print(f"model: {run.raw_model.num_params() / 1e6:.2f}M non-embedding parameters, attn_type={c['attn_type']}; "
+                  f"{c['total_batch_size']:,} tokens per step = {runtime.world_size} processes x {run.grad_accum} "
+                  f"micro-steps x {c['batch_size']} x {c['block_size']}; dtype {run.dtype}")
+        strategy = ("fsdp" if run.checkpointer.sharded else "ddp" if runtime.distributed
+                    else "none: one process, nothing to shard")
+        log.print(f"parallelism {strategy}; activation checkpointing {c['activation_checkpointing']}")
+        if c["wandb_log"]:
+            log.start_wandb(c["wandb_project"], c["wandb_group"], c["wandb_run_name"], run_state["wandb_run_id"], c)
+        if run_state["step"] >= c["max_iters"]:
+            log.print(f"run already finished: checkpoint step {run_state['step']} >= max_iters {c['max_iters']}")
+            return
+        train_loop(c, run, runtime, log, run_state, run_provenance, stop)
+    finally:
+        if lock:
+            lock.release()
 
 
-# exit statuses for scripts/train_forever.sh: 2 and 3 are stops that relaunching cannot fix
-EXIT_CONFIG_ERROR = 2  # a bad config: nothing was started
-EXIT_STOPPED = 3  # bad data, an unusable checkpoint, a diverged run, a full disk
+# exit statuses, for scripts/train_forever.sh and schedulers: only a crash (1, or a signal's default
+# action) is worth relaunching as it is
+EXIT_CONFIG_ERROR = 2  # a bad config, or an out_dir holding another run's checkpoints: nothing was started
+EXIT_STOPPED = 3  # bad data, an unusable checkpoint, a diverged run, a full disk, out_dir in use
+# and, with a checkpoint of the step it stopped after: 130 stopped by SIGINT (Ctrl-C), 143 by SIGTERM
 
 
-def main():
+def resolved_config(argv):
+    """The run's config: train.py's defaults, then the config files and overrides of argv, names and
+    derived values filled in, checked (ConfigError)."""
     defaults, _ = read_defaults(__file__)  # the lowercase literals above
-    c, config_files = load_config(defaults, source_path=__file__)
+    c, config_files = load_config(defaults, argv, source_path=__file__)
     derive_names(c, config_files)
     c["data_seed"] = c["seed"] if c["data_seed"] is None else c["data_seed"]
     c["min_lr"] = c["learning_rate"] / 10 if c["min_lr"] is None else c["min_lr"]
+    check_config(c)
+    return c
+
+
+def run(argv):
+    """The whole run; returns its exit status. An error that a relaunch cannot fix ends in one line."""
     try:
-        check_config(c)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG_ERROR)
-    try:
+        c = resolved_config(argv)
         runtime = setup_runtime(c["device"], c["backend"])
-    except DeviceError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG_ERROR)
+    except (ConfigError, DeviceError) as e:
+        print(f"config error: {e}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
+    # under torchrun the launcher forwards a signal it got to the ranks as well: one stop, not two
+    stop = StopSignals(ignore_repeats=runtime.distributed)
     log = MetricsLogger(c["out_dir"], enabled=runtime.is_main)
     status = 0
     try:
-        train(c, runtime, log)
-    except ConfigError as e:  # found only once the world size is known
+        train(c, runtime, log, stop)
+        status = stop.exit_status or 0
+    except ConfigError as e:  # found only once the world size or out_dir is known
         print(f"[rank {runtime.rank}] config error: {e}", file=sys.stderr, flush=True)
         status = EXIT_CONFIG_ERROR
     except (TrainingStopped, ValueError, FileNotFoundError, PermissionError, NotADirectoryError) as e:
         print(f"[rank {runtime.rank}] error: {e}", file=sys.stderr, flush=True)
         status = EXIT_STOPPED
+    except KeyboardInterrupt:  # a second Ctrl-C: at once, without the checkpoint the first one asked for
+        print(f"[rank {runtime.rank}] interrupted; the checkpoints in {c['out_dir']} are intact",
+              file=sys.stderr, flush=True)
+        status = stop.exit_status or 130
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS):  # a full or read-only disk
             raise  # possibly passing (a network filesystem): a relaunch may get past it
@@ -481,6 +596,14 @@ def main():
             teardown_runtime(runtime)
         elif runtime.distributed and dist.is_initialized():
             dist.destroy_process_group()
+    return status
+
+
+def main():
+    status = run(sys.argv[1:])
+    # torchrun and srun exit 1 whatever their processes chose: a launching script reads the status here
+    if status and os.environ.get("TRAIN_EXIT_STATUS_FILE"):
+        write_atomically(os.environ["TRAIN_EXIT_STATUS_FILE"], lambda f: f.write(f"{status}\n".encode()))
     sys.exit(status)
 
 

@@ -60,6 +60,8 @@ def test_unknown_key_in_config_file_names_the_file(tmp_path):
     (["config/sa_tiny.py", "--beta2=1.0"], "beta2 must be in [0, 1), got 1.0"),
     (["config/sa_tiny.py", "--parallelism=zero3"], "parallelism must be one of 'ddp', 'fsdp'; got 'zero3'"),
     (["config/sa_tiny.py", "--head_dim=15"], "head_dim must be even for RoPE, got 15"),
+    (["config/sa_tiny.py", "--learning_rate=1e300"], "learning_rate=1e+300 is not a learning rate for AdamW or Muon: "
+                                                      "at most 1000 (the paper's are 3e-4 to 5e-4)"),
     (["config/sa_tiny.py", "--dtype=float16"], "dtype='float16' needs loss scaling, which this trainer does not do; use 'bfloat16' "
                                                     "(GPUs from Ampere on) or 'float32'"),
     (["config/sa_tiny.py", "--device=cuda"], "device='cuda', but torch sees no CUDA GPU on this machine; "
@@ -117,3 +119,12 @@ def test_out_dir_that_is_a_file_is_a_config_error(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"config error: out_dir '{path}' is a file, not a directory"
     assert path.read_text() == "notes"
+
+
+def test_a_config_file_with_a_syntax_error_is_one_line(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("n_layer = (4\n")
+    proc = run_train_cli(str(bad), f"--out_dir={tmp_path / 'run'}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"config error: config file '{bad}' failed: SyntaxError")
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -184,6 +184,23 @@ def test_truncated_sharded_checkpoint_falls_back_to_previous(tmp_path, fsdp_runs
     assert os.path.basename(path) == "ckpt_0000004" and state["step"] == 4
 
 
+def test_corrupt_metadata_is_an_unreadable_checkpoint_not_a_base_exception(tmp_path, fsdp_runs):
+    """DCP raises CheckpointException (a BaseException) for a corrupt .metadata: resume falls back to the
+    previous checkpoint, and evaluation gets an ordinary error naming the checkpoint."""
+    from checkpoint import CorruptCheckpoint
+    out = str(tmp_path / "run")
+    shutil.copytree(fsdp_runs["sa"], out)
+    metadata = os.path.join(out, "ckpt_0000006", ".metadata")
+    with open(metadata, "r+b") as f:
+        f.seek(os.path.getsize(metadata) // 2)
+        f.write(b"\x00" * 32)
+    with pytest.warns(UserWarning, match=r"skipping unreadable checkpoint .*ckpt_0000006"):
+        path, state = load_latest_checkpoint(out)
+    assert os.path.basename(path) == "ckpt_0000004" and state["step"] == 4
+    with pytest.raises(CorruptCheckpoint, match="ckpt_0000006"):
+        load_model(os.path.join(out, "ckpt_0000006"))
+
+
 def test_corrupted_shard_is_found_by_the_process_checking_it_and_all_fall_back(data_dir, tmp_path, one_process,
                                                                                fsdp_runs):
     """Two processes share the checksum work (rank 1 reads __1_0.distcp); the one that finds the

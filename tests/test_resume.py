@@ -109,7 +109,9 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path)
     good = list_checkpoints(out)
     before = {p: digest(p) for p in good}
     proc = run_train(micro_args(data_dir, out, init_from="resume",
-                                **{**RESUME, "learning_rate": 1e6, "log_interval": 100}), check=False)
+                                **{**RESUME, "max_iters": 30, "lr_decay_iters": 30, "learning_rate": 1e3,
+                                   "grad_clip": 0.0, "loss_spike_factor": 0, "log_interval": 100}),
+                     check=False)
     assert proc.returncode == 3
     assert "non-finite loss or gradient norm at step" in proc.stderr
     assert list_checkpoints(out) == good and {p: digest(p) for p in good} == before
@@ -118,7 +120,7 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path)
 
 def test_nonfinite_steps_can_be_skipped(data_dir, tmp_path):
     out = str(tmp_path / "run")
-    proc = run_train(micro_args(data_dir, out, **{**RESUME, "learning_rate": 1e6,
+    proc = run_train(micro_args(data_dir, out, **{**RESUME, "learning_rate": 1e3, "loss_spike_factor": 0,
                                                   "skip_nonfinite_steps": 1}), check=False)
     # one bad step is tolerated; with the learning rate still absurd, the next one ends the run
     assert "step skipped (1/1)" in proc.stdout
@@ -196,15 +198,24 @@ def test_train_forever_relaunches_after_a_crash(data_dir, tmp_path):
     assert losses(out) == losses(full)
 
 
-def test_scratch_run_over_old_checkpoints_warns_and_deletes_nothing(data_dir, tmp_path):
+def test_scratch_run_over_old_checkpoints_is_refused_unless_they_are_moved_aside(data_dir, tmp_path):
+    """A later resume must not take the earlier run's newest checkpoint for this run's: starting from
+    scratch over checkpoints is a config error (nothing touched); overwrite moves the earlier run aside."""
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "checkpoint_interval": 4}))
-    old = digest(list_checkpoints(out)[-1])
-    proc = run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 2, "checkpoint_interval": 0}))
-    assert "warning: starting from scratch" in proc.stdout
-    assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000002.pt", "ckpt_0000004.pt"]
-    assert digest(os.path.join(out, "ckpt_0000004.pt")) == old
-    assert [s for s, _ in losses(out)] == [1, 2]  # metrics.jsonl now describes the new run only
+    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 8}))
+    before = {name: digest(os.path.join(out, name)) for name in os.listdir(out) if os.path.isfile(os.path.join(out, name))}
+    proc = run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 2, "checkpoint_interval": 0}), check=False)
+    assert proc.returncode == 2 and "holds checkpoints of an earlier run (newest ckpt_0000008.pt)" in proc.stderr
+    assert "--overwrite=True" in proc.stderr and "Traceback" not in proc.stderr
+    assert {n: digest(os.path.join(out, n)) for n in before} == before
+    # the new run is killed at step 2 (its checkpoint_interval); the resume must continue it, not the old run
+    run_train(micro_args(data_dir, out, overwrite=True, **{**RESUME, "max_iters": 2, "checkpoint_interval": 2}))
+    aside = [name for name in os.listdir(out) if name.startswith("replaced_")]
+    assert len(aside) == 1
+    assert {n: digest(os.path.join(out, aside[0], n)) for n in before} == before  # moved whole, not rewritten
+    proc = run_train(micro_args(data_dir, out, init_from="resume", **{**RESUME, "max_iters": 3}))
+    assert "at step 2" in proc.stdout
+    assert [s for s, _ in losses(out)] == [1, 2, 3]
 
 
 def flip_bytes_in_the_middle(path):
@@ -308,7 +319,7 @@ def test_skipped_non_finite_last_step_still_evaluates_and_checkpoints(data_dir, 
     out = str(tmp_path / "run")
     # an absurd learning rate makes every step after the first non-finite; all of them may be skipped
     proc = run_train(micro_args(data_dir, out, **{**RESUME, "dropout": 0.0, "max_iters": 3, "checkpoint_interval": 0,
-                                                  "learning_rate": 1e6, "warmup_iters": 0,
+                                                  "learning_rate": 1e3, "warmup_iters": 0, "loss_spike_factor": 0,
                                                   "skip_nonfinite_steps": 10}), check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "step 3: non-finite loss or gradient, step skipped" in proc.stdout
@@ -356,3 +367,176 @@ def test_muon_run_resumes_exactly_and_keeps_its_own_learning_rate(data_dir, tmp_
     proc = run_train(micro_args(data_dir, out, init_from="resume", **{**muon, "optimizer": "adamw",
                                                                       "max_iters": 10}), check=False)
     assert proc.returncode == 3 and "was trained with optimizer='muon'" in proc.stderr
+
+
+# -----------------------------------------------------------------------------
+# Exit statuses, signals, one run per out_dir, checksummed run state, blow-ups
+
+LONG = dict(RESUME, max_iters=60, lr_decay_iters=60, checkpoint_interval=0, eval_interval=100)
+
+
+def wait_for_steps(out_dir, proc, steps):
+    """Wait (for as long as the run lives) until `steps` steps are in out_dir's metrics.jsonl."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    while proc.poll() is None and not (os.path.exists(path) and len(read_metrics(path)) >= steps):
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be signalled"
+
+
+def start_train(args, nproc=1, env=None):
+    cmd = [sys.executable, "train.py"] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
+    return subprocess.Popen(cmd + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else "2", **(env or {})))
+
+
+@pytest.fixture(scope="module")
+def long_run(data_dir, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("long"))
+    run_train(micro_args(data_dir, out, **LONG))
+    return out
+
+
+@pytest.mark.parametrize("signum,status,nproc", [(signal.SIGTERM, 143, 1), (signal.SIGINT, 130, 1),
+                                                 (signal.SIGTERM, 143, 2)])
+def test_a_signal_ends_the_step_writes_a_checkpoint_and_the_resume_continues_exactly(
+        data_dir, tmp_path, long_run, signum, status, nproc):
+    """SIGTERM (Slurm's preemption and time limit) and SIGINT (Ctrl-C): the run finishes its step,
+    checkpoints it and exits 143 or 130. Under torchrun the signal goes to the launcher, which forwards it;
+    torchrun's own status is 1, the run's is in TRAIN_EXIT_STATUS_FILE."""
+    out, status_file = str(tmp_path / "run"), str(tmp_path / "exit_status")
+    proc = start_train(micro_args(data_dir, out, **LONG), nproc, env={"TRAIN_EXIT_STATUS_FILE": status_file})
+    wait_for_steps(out, proc, 3)
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate()
+    assert proc.returncode == (status if nproc == 1 else 1), stderr[-3000:]
+    assert open(status_file).read() == f"{status}\n"
+    # torchrun prints a traceback of its own SignalException; the ranks print none
+    assert 'train.py", line' not in stderr and (nproc > 1 or "Traceback" not in stderr)
+    stopped_at = int(re.search(rf"stopped by {signal.Signals(signum).name} after step (\d+)", stdout).group(1))
+    assert 3 <= stopped_at < LONG["max_iters"]
+    assert [os.path.basename(p) for p in list_checkpoints(out)] == [f"ckpt_{stopped_at:07d}.pt"]
+    assert [s for s, _ in losses(out)][-1] == stopped_at
+    resumed = run_train(micro_args(data_dir, out, init_from="resume", **LONG), nproc=nproc)
+    assert f"at step {stopped_at}" in resumed.stdout
+    reference = long_run
+    if nproc > 1:  # two processes draw other dropout masks than one: the reference runs on two as well
+        reference = str(tmp_path / "uninterrupted")
+        run_train(micro_args(data_dir, reference, **LONG), nproc=nproc)
+    assert losses(out) == losses(reference)
+
+
+def test_permanent_errors_reach_the_launcher_through_the_exit_status_file(data_dir, tmp_path):
+    """torchrun exits 1 whatever its processes chose: train_forever.sh would relaunch a config error."""
+    status_file = tmp_path / "exit_status"
+    proc = run_train(micro_args(data_dir, str(tmp_path / "run"), batch_size=0), nproc=2, check=False,
+                     env={"TRAIN_EXIT_STATUS_FILE": str(status_file)})
+    assert proc.returncode != 0 and "batch_size must be positive" in proc.stderr
+    assert status_file.read_text() == "2\n"
+    proc = run_train(micro_args(str(tmp_path / "no_data"), str(tmp_path / "run")), nproc=2, check=False,
+                     env={"TRAIN_EXIT_STATUS_FILE": str(status_file)})
+    assert status_file.read_text() == "3\n"
+
+
+def test_a_second_run_in_the_same_out_dir_stops_naming_the_first(data_dir, tmp_path):
+    """One run per out_dir: the second exits 3 naming the holder's PID; the lock dies with its holder
+    (kill -9 included), so a relaunch then resumes."""
+    out = str(tmp_path / "run")
+    first = start_train(micro_args(data_dir, out, **{**LONG, "checkpoint_interval": 2}))
+    wait_for_steps(out, first, 3)
+    second = run_train(micro_args(data_dir, out, init_from="resume", **LONG), check=False)
+    assert second.returncode == 3 and f"is in use by another process (PID {first.pid}" in second.stderr
+    assert first.poll() is None  # untouched by the second
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    resumed = run_train(micro_args(data_dir, out, init_from="resume", **{**LONG, "max_iters": 8}))
+    assert "resuming from" in resumed.stdout
+    assert not os.path.exists(os.path.join(out, ".train.lock"))  # released at the end
+
+
+def test_run_state_flips_are_all_detected(data_dir, tmp_path):
+    """Every bit that a resume reads is checksummed: flipping any one of 60 random bits of a checkpoint
+    file either makes it unreadable or leaves what it loads unchanged, never a silently different state
+    (a flip in the step once resumed at the wrong step)."""
+    import random
+    from checkpoint import load_checkpoint_file
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
+    path = list_checkpoints(out)[-1]
+    original = load_checkpoint_file(path)
+    data = bytearray(open(path, "rb").read())
+    rng = random.Random(0)
+    # bit 82 is where the step once was; the rest at random over the run state and tensors alike
+    positions = [82] + [rng.randrange(len(data)) for _ in range(59)]
+    detected = 0
+    for position in positions:
+        flipped = bytearray(data)
+        flipped[position] ^= 1 << rng.randrange(8)
+        victim = str(tmp_path / "flipped.pt")
+        open(victim, "wb").write(flipped)
+        try:
+            state = load_checkpoint_file(victim)
+        except Exception:  # CorruptCheckpoint, or not even a zip or a pickle any more
+            detected += 1
+            continue
+        assert repr(state) == repr(original), position  # the byte was one torch.load never reads
+    assert detected > 0
+
+
+def test_flipped_bits_in_a_sharded_run_state_are_detected(tmp_path):
+    """FSDP's run_state.pt holds step, loader position, config and RNG: every flip that loads is caught."""
+    import random
+    from checkpoint import load_checkpoint_file, model_config, save_sharded_checkpoint
+    from conftest import MICRO
+    from model import GPT
+    model = GPT(model_config(MICRO))
+    state = {"step": 7, "loader": {"shard": 1, "offset": 4096, "epoch": 0}, "config": {"learning_rate": 3e-3},
+             "rng": [{"torch": torch.get_rng_state()}], "best_val_loss": 5.25}
+    path = save_sharded_checkpoint(model, make_optimizer(model), state, str(tmp_path), 7)
+    run_state = os.path.join(path, "run_state.pt")
+    data = bytearray(open(run_state, "rb").read())
+    original = repr(load_checkpoint_file(path))
+    rng = random.Random(1)
+    silent = []
+    for _ in range(60):
+        flipped = bytearray(data)
+        position = rng.randrange(len(data))
+        flipped[position] ^= 1 << rng.randrange(8)
+        open(run_state, "wb").write(flipped)
+        try:
+            if repr(load_checkpoint_file(path)) != original:
+                silent.append(position)
+        except Exception:  # CorruptCheckpoint, or no longer a zip or a pickle: detected
+            pass
+    assert silent == []
+
+
+def test_loss_spike_guard_counts_spikes_in_a_row():
+    from train import LossSpikeGuard
+    guard = LossSpikeGuard(factor=3.0, steps=2)
+    assert [guard.is_spike(x) for x in (10.0, 9.0, 8.0)] == [False] * 3  # too few losses to judge before
+    assert guard.is_spike(30.0) and not guard.diverged  # above 3 x 9
+    assert not guard.is_spike(9.0) and guard.in_a_row == 0  # recovered: a spike is not part of the mean
+    assert guard.is_spike(28.0) and guard.is_spike(1e6) and guard.diverged
+    resumed = LossSpikeGuard(factor=3.0, steps=2)
+    resumed.load_state_dict(guard.state_dict())
+    assert list(resumed.recent) == [10.0, 9.0, 8.0, 9.0] and resumed.diverged
+    assert not any(LossSpikeGuard(factor=0, steps=1).is_spike(x) for x in (1.0, 1.0, 1.0, 1e9))  # off
+
+
+def test_a_finite_blow_up_stops_the_run_and_keeps_the_best_checkpoint(data_dir, tmp_path):
+    """A run resumed at a learning rate that makes it diverge (finite losses in the hundreds): the
+    spiking states are never checkpointed, the run stops with exit 3, and the checkpoint of the best
+    validation loss survives pruning even with keep_checkpoints=1."""
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 8, "dropout": 0.0}))
+    blow_up = dict(RESUME, max_iters=40, lr_decay_iters=40, dropout=0.0, learning_rate=10.0, grad_clip=0.0,
+                   checkpoint_interval=1, eval_interval=100, keep_checkpoints=1)
+    proc = run_train(micro_args(data_dir, out, init_from="resume", **blow_up), check=False)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "the run diverged" in proc.stderr and "Traceback" not in proc.stderr
+    spikes = [int(s) for s in re.findall(r"step (\d+): train loss \S+ is a spike", proc.stdout)]
+    assert spikes and all(not os.path.exists(os.path.join(out, f"ckpt_{s:07d}.pt")) for s in spikes)
+    names = [os.path.basename(p) for p in list_checkpoints(out)]
+    assert "ckpt_0000008.pt" in names  # the best validation loss: evaluated at step 8, kept
+    assert len(names) <= 2  # keep_checkpoints=1, plus the best
