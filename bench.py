@@ -18,35 +18,54 @@ state and activations, measured during its warm-up), and the ratios to the first
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 
 import torch
 
-from checkpoint import model_config
-from configurator import TRAIN_PY, ConfigError, load_config, parse_config, read_defaults
+import train_config
+from configurator import ConfigError, keys_of
 from metrics import ThroughputMeter
 from model import GPT, exclude_self
 from optimizers import build_optimizer
 from parallelize import compile_counts
-from runtime import autocast, enable_tf32, peak_flops, pick_device, resolve_dtype
-
-# bench-only settings, added to train.py's keys (every train.py key works here too)
-bench_rounds = 10  # alternating timing rounds per variant
-bench_steps = 3  # training steps per round
-bench_warmup = 3  # untimed steps per variant before the first round (compilation happens here)
-bench_variants = "sa,xsa"  # comma-separated variants, the first the baseline: an attn_type, then any overrides, e.g. "xsa:xsa_gate=True"
-profile = False  # write a torch profiler trace per variant to bench_trace_<variant>.json
-bench_json = ""  # also write the results to this JSON file
-BENCH_KEYS = ("bench_rounds", "bench_steps", "bench_warmup", "bench_variants", "profile", "bench_json")
+from runtime import DeviceError, autocast, enable_tf32, peak_flops, pick_device, resolve_dtype
 
 
-def parse_variants(spec, config):
-    """{name: config} for each variant of "sa,xsa,xsa:xsa_gate=True": its attn_type, then --key=value
-    overrides of train.py's keys, checked as the command line's are."""
+@dataclass
+class Bench:
+    """bench.py's own keys, beside every key of train.py.
+
+    Attributes:
+        bench_rounds: alternating timing rounds per variant
+        bench_steps: training steps per round
+        bench_warmup: untimed steps per variant before the first round (compilation happens here)
+        bench_variants: comma-separated variants, the first the baseline: an attn_type, then any overrides,
+            e.g. "xsa:xsa_gate=True"
+        profile: write a torch profiler trace per variant to bench_trace_<variant>.json
+        bench_json: also write the results to this JSON file
+    """
+    bench_rounds: int = 10
+    bench_steps: int = 3
+    bench_warmup: int = 3
+    bench_variants: str = "sa,xsa"
+    profile: bool = False
+    bench_json: str = ""
+
+
+BENCH_KEYS = {**train_config.TRAIN_KEYS, **keys_of(Bench)}
+
+
+def resolve(argv):
+    return train_config.resolve(argv, keys=BENCH_KEYS, prog="bench.py")[0]
+
+
+def parse_variants(spec, argv):
+    """{name: config} for each variant of "sa,xsa,xsa:xsa_gate=True": the command line argv, then its
+    attn_type, then its --key=value overrides, resolved and checked as the command line's are."""
     variants = {}
     for name in spec.split(","):
         attn_type, *overrides = name.split(":")
-        variant, _ = parse_config(config, [f"--attn_type={attn_type}"] + [f"--{o}" for o in overrides])
-        variants[name] = variant
+        variants[name] = resolve(argv + [f"--attn_type={attn_type}"] + [f"--{o}" for o in overrides])
     return variants
 
 
@@ -73,7 +92,7 @@ class PeakMemory:
 
 def build(config, device):
     torch.manual_seed(config["seed"])
-    model = GPT(model_config(config)).to(device)
+    model = GPT(train_config.model_config(config)).to(device)
     optimizer = build_optimizer(model, config, device.split(":")[0])
     step_model = torch.compile(model) if config["compile"] else model
     return model, step_model, optimizer
@@ -137,17 +156,18 @@ def make_step(step_model, optimizer, x, y, device_type, dtype, grad_clip):
 
 
 def main():
-    defaults = {**read_defaults()[0], **{k: globals()[k] for k in BENCH_KEYS}}
-    c, _ = load_config(defaults, source_path=(TRAIN_PY, __file__), prog="bench.py")
-    device = pick_device(c["device"])
+    argv = sys.argv[1:]
+    try:
+        c = resolve(argv)
+        variants = parse_variants(c["bench_variants"], argv)
+        device = pick_device(c["device"])
+    except (ConfigError, DeviceError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
     device_type = device.split(":")[0]
     dtype = resolve_dtype(c["dtype"], device_type)
     if device_type == "cuda":
         enable_tf32()
-    try:
-        variants = parse_variants(c["bench_variants"], c)
-    except ConfigError as e:
-        sys.exit(f"bench_variants: {e}")
     vocab = min(50257, c["vocab_size"])  # GPT-2's ids, or fewer for a smaller vocabulary
     x = torch.randint(0, vocab, (c["batch_size"], c["block_size"]), device=device)
     y = torch.randint(0, vocab, (c["batch_size"], c["block_size"]), device=device)

@@ -35,14 +35,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from configurator import read_defaults
-from model import GPT, GPTConfig
+from model import GPT
+from train_config import ARCHITECTURE_KEYS, model_config
 from files import fsync_dir, remove_temp_files, write_atomically
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt_(\d+)(\.pt)?")
 RUN_STATE = "run_state.pt"  # in a sharded checkpoint: everything but the model and optimizer
-RUN_FILES = ("metrics.jsonl", "train.log", "config.json")  # a run's logs, beside its checkpoints
-ARCHITECTURE_KEYS = read_defaults()[1]["ARCHITECTURE_KEYS"]  # declared beside train.py's defaults
+RUN_FILES = ("metrics.jsonl", "train.log", "config.json", "git.diff")  # a run's logs, beside its checkpoints
 
 
 def checkpoint_path(out_dir, step, sharded=False):
@@ -371,12 +370,6 @@ def check_architecture(saved_config, config, path):
     if diff:
         details = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
         raise ValueError(f"checkpoint {path} has a different architecture ({details})")
-
-
-def model_config(config):
-    """The GPTConfig for a resolved run config (a dict with at least the GPTConfig fields)."""
-    fields = GPTConfig.__dataclass_fields__
-    return GPTConfig(**{k: v for k, v in config.items() if k in fields})
 
 
 def load_model(path, device="cpu"):

@@ -24,20 +24,39 @@ ATTN_TYPES = ("sa", "xsa")
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024  # longest sequence the model is trained on (sinks not counted)
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for efficiency
-    n_layer: int = 12  # transformer blocks
-    n_head: int = 12  # attention (query) heads per block
-    n_kv_head: int | None = None  # key/value heads (GQA: n_head a multiple of it; 1 is MQA); None means n_head
-    n_embd: int = 768  # model (residual stream) width
-    head_dim: int | None = None  # width of one head; None means n_embd // n_head
-    attn_type: str = "sa"  # "sa": standard self-attention, "xsa": exclusive self-attention
-    xsa_gate: bool = False  # XSA only: z = y - tanh(alpha) * proj, alpha per head, zero-init (starts as SA)
-    xsa_layers: int | str | None = None  # XSA only: the blocks using it, the last k (an int) or "0,5,11"; None: all
-    n_sinks: int = 0  # learned sink tokens prepended to every sequence (StreamingLLM-style); never scored
-    rope_theta: float = 10000.0  # RoPE base frequency
-    bias: bool = False  # biases in Linear and LayerNorm layers
-    dropout: float = 0.0  # dropout on attention weights and residual branches
+    """The model's hyperparameters; train.py takes each as a config key of the same name.
+
+    Attributes:
+        block_size: longest sequence the model is trained on (sinks not counted)
+        vocab_size: GPT-2's 50257 padded up to a multiple of 64 for efficiency
+        n_layer: transformer blocks
+        n_head: attention (query) heads per block
+        n_kv_head: key/value heads (GQA: n_head a multiple of it; 1 is MQA); None means n_head
+        n_embd: model (residual stream) width
+        head_dim: width of one head; None means n_embd // n_head
+        attn_type: "sa": standard self-attention, "xsa": exclusive self-attention
+        xsa_gate: XSA only: z = y - tanh(alpha) * proj, alpha per head, zero-init (starts as SA)
+        xsa_layers: XSA only, in some blocks: the last k (an int), or the blocks listed ([0, 5, 11] or
+            "0,5,11"); None: every block
+        n_sinks: learned sink tokens prepended to every sequence (StreamingLLM-style); never scored
+        rope_theta: RoPE base frequency
+        bias: biases in Linear and LayerNorm layers
+        dropout: dropout on attention weights and residual branches
+    """
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_kv_head: int | None = None
+    n_embd: int = 768
+    head_dim: int | None = None
+    attn_type: str = "sa"
+    xsa_gate: bool = False
+    xsa_layers: int | str | list[int] | None = None
+    n_sinks: int = 0
+    rope_theta: float = 10000.0
+    bias: bool = False
+    dropout: float = 0.0
 
     def __post_init__(self):
         if self.attn_type not in ATTN_TYPES:
@@ -57,27 +76,35 @@ class GPTConfig:
         if self.xsa_layers is not None:
             if self.attn_type != "xsa":
                 raise ValueError("xsa_layers needs attn_type='xsa'")
-            self.xsa_blocks()  # raises for a bad value
+            self.xsa_layers = self.canonical_xsa_layers()
+
+    def canonical_xsa_layers(self):
+        """xsa_layers checked, in one spelling per meaning: k (the last k blocks), or "0,5,11" (those)."""
+        L, spec = self.n_layer, self.xsa_layers
+        if type(spec) is int:
+            if spec == 0:
+                raise ValueError("xsa_layers=0 puts XSA in no block, which is SA: use attn_type='sa'")
+            if not 0 < spec <= L:
+                raise ValueError(f"xsa_layers={spec}: the last k blocks needs 0 < k <= n_layer={L}")
+            return spec
+        items = spec.split(",") if isinstance(spec, str) else spec if isinstance(spec, (list, tuple)) else None
+        if items is None or not all(type(i) is int or (type(i) is str and i.strip().isdigit()) for i in items):
+            raise ValueError(f"xsa_layers={spec!r}: expected the last k blocks (an int) or the blocks' indices "
+                             f"([0, 5, 11] or '0,5,11')")
+        blocks = [int(i) for i in items]
+        if not blocks or any(not 0 <= i < L for i in blocks) or len(set(blocks)) != len(blocks):
+            raise ValueError(f"xsa_layers={spec!r}: block indices must be distinct and in 0..{L - 1}")
+        return ",".join(map(str, sorted(blocks)))
 
     def xsa_blocks(self):
-        """Indices of the blocks that use XSA: xsa_layers=k is the last k, a string lists them."""
+        """Indices of the blocks that use XSA."""
         if self.attn_type != "xsa":
             return set()
-        L, spec = self.n_layer, self.xsa_layers
-        if spec is None:
-            return set(range(L))
-        if isinstance(spec, int):
-            if not 0 <= spec <= L:
-                raise ValueError(f"xsa_layers={spec}: the last k blocks needs 0 <= k <= n_layer={L}")
-            return set(range(L - spec, L))
-        try:
-            blocks = [int(i) for i in spec.split(",")]
-        except ValueError:
-            raise ValueError(f"xsa_layers={spec!r}: expected the last k blocks (an int) or block indices "
-                             f"such as '0,5,11'") from None
-        if any(not 0 <= i < L for i in blocks) or len(set(blocks)) != len(blocks):
-            raise ValueError(f"xsa_layers={spec!r}: block indices must be distinct and in 0..{L - 1}")
-        return set(blocks)
+        if self.xsa_layers is None:
+            return set(range(self.n_layer))
+        if type(self.xsa_layers) is int:
+            return set(range(self.n_layer - self.xsa_layers, self.n_layer))
+        return {int(i) for i in self.xsa_layers.split(",")}
 
 
 # -----------------------------------------------------------------------------

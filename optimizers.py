@@ -2,8 +2,8 @@
 The optimizer of a run, from its config: AdamW (the paper's), or Muon for the hidden matrices with
 AdamW for everything else.
 
-    optimizer = "adamw"  AdamW on every parameter; weight decay on matrices only (not on norms,
-                         biases or XSA gates)
+    optimizer = "adamw"  AdamW on every parameter; weight decay on weight matrices only (not on norms,
+                         biases, XSA gates or sinks)
     optimizer = "muon"   torch.optim.Muon on the 2-D weights inside the blocks (c_q, c_k, c_v and
                          c_proj of attention, c_fc and c_proj of the MLP, each orthogonalised as its
                          own matrix), AdamW on the token embedding (tied with the output layer), the
@@ -16,7 +16,9 @@ schedule's learning rate times muon_learning_rate / learning_rate:
                        "Muon is Scalable for LLM Training"); the default, with muon_learning_rate None
     "original"         lr * sqrt(max(1, A / B)) (Keller Jordan's Muon), with a Muon-sized
                        muon_learning_rate (about 0.02) beside the AdamW one
-Weight decay is decoupled in both (p -= lr * weight_decay * p, with the unscaled lr).
+Weight decay is decoupled in both (p -= lr * weight_decay * p, with the unscaled lr); Muon's matrices
+decay by muon_weight_decay, which defaults to weight_decay under "match_rms_adamw" and to a tenth of
+it under "original" (Muon's reference recipe: lr 0.02, decay 0.01, 2e-4 per step).
 
 Both kinds live in one torch.optim.Optimizer (MuonAdamW): one state_dict, one list of param_groups
 (each says its "algorithm"), so checkpoints, resume and the learning-rate schedule treat a Muon run
@@ -38,15 +40,21 @@ def is_hidden_matrix(name, p):
     return p.dim() == 2 and name.startswith("transformer.h.")
 
 
+def is_decayed(name, p):
+    """Weight decay on the weight matrices of linear layers and the embedding; not on norms, biases,
+    XSA gates, or the learned sinks (2-D, but inputs of the model rather than weights of a layer)."""
+    return p.dim() >= 2 and name != "sinks"
+
+
 def param_groups(model, optimizer):
-    """[{"params", "algorithm"}]: AdamW's matrices (decayed) and the rest (not), then Muon's matrices."""
+    """[{"params", "algorithm", "decay"}]: AdamW's decayed matrices and the rest, then Muon's matrices."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     muon = [p for n, p in named if optimizer == "muon" and is_hidden_matrix(n, p)]
     taken = {id(p) for p in muon}
-    rest = [p for _, p in named if id(p) not in taken]
-    groups = [("adamw", [p for p in rest if p.dim() >= 2]), ("adamw", [p for p in rest if p.dim() < 2]),
-              ("muon", muon)]
-    return [{"params": params, "algorithm": algorithm} for algorithm, params in groups if params]
+    rest = [(n, p) for n, p in named if id(p) not in taken]
+    groups = [("adamw", True, [p for n, p in rest if is_decayed(n, p)]),
+              ("adamw", False, [p for n, p in rest if not is_decayed(n, p)]), ("muon", True, muon)]
+    return [{"params": params, "algorithm": algorithm, "decay": decay} for algorithm, decay, params in groups if params]
 
 
 def build_optimizer(model, c, device_type):
@@ -69,16 +77,16 @@ def build_optimizer(model, c, device_type):
 def set_hyperparameters(optimizer, c):
     """Weight decay, betas, momentum and Muon's learning-rate rule from the config c: at the start and
     again after a resume, so that the config given now decides them (a group whose weight decay was 0
-    in the checkpoint gets the new value). Matrices decay; norms, biases and gates never do.
+    in the checkpoint gets the new value). Weight matrices decay; norms, biases, gates and sinks never do.
     train.py sets group["lr"] = the schedule's learning rate * group["lr_scale"] at every step."""
     muon_lr = c["muon_learning_rate"] if c["muon_learning_rate"] is not None else c["learning_rate"]
     for group in optimizer.param_groups:
-        group["weight_decay"] = c["weight_decay"] if all(p.dim() >= 2 for p in group["params"]) else 0.0
-        if group.setdefault("algorithm", "adamw") == "muon":  # checkpoints from before Muon name none
+        if group["algorithm"] == "muon":
             group.update(momentum=c["muon_momentum"], adjust_lr_fn=c["muon_adjust_lr"],
-                         lr_scale=muon_lr / c["learning_rate"])
+                         lr_scale=muon_lr / c["learning_rate"], weight_decay=c["muon_weight_decay"])
         else:
-            group.update(betas=(c["beta1"], c["beta2"]), lr_scale=1.0)
+            group.update(betas=(c["beta1"], c["beta2"]), lr_scale=1.0,
+                         weight_decay=c["weight_decay"] if group["decay"] else 0.0)
 
 
 def local(t):

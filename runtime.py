@@ -207,6 +207,15 @@ def git_state():
         return None, None
 
 
+def git_diff():
+    """The uncommitted changes to tracked files (`git diff HEAD`), or None outside git."""
+    try:
+        return subprocess.run(["git", "diff", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def provenance(runtime=None):
     """What produced a run: code version, libraries and hardware."""
     commit, dirty = git_state()

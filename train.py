@@ -9,6 +9,8 @@ FSDP2, for models whose training state does not fit on one GPU (scripts/memory_p
     torchrun --standalone --nproc_per_node=8 train.py config/xsa_2p7b.py --parallelism=fsdp
 Continue an interrupted (or finished, with a larger max_iters) run:
     torchrun --standalone --nproc_per_node=8 train.py config/xsa_2p7b.py --init_from=resume
+
+Every config key, its default and meaning: train_config.py, or `python train.py --help`.
 """
 
 import collections
@@ -25,99 +27,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-# -----------------------------------------------------------------------------
-# config: defaults, overridden by config files and --key=value (configurator.py; --help lists them)
-# I/O
-out_dir = None  # run directory (checkpoints, logs); None derives out/<config file name>
-data_dir = "data/fineweb/fineweb100B"  # directory of llm.c token shards (*_train_*.bin, *_val_*.bin)
-init_from = "scratch"  # "scratch", or "resume" from the newest checkpoint in out_dir
-eval_interval = 1000  # optimizer steps between validation-loss evaluations (and at the last step)
-val_tokens = 10_485_760  # validation tokens per evaluation, capped at the val shards, split across ranks
-log_interval = 10  # optimizer steps between log lines and metrics.jsonl records
-sample_interval = 0  # optimizer steps between text samples printed to the log; 0: never
-checkpoint_interval = 1000  # optimizer steps between checkpoints (and at the last step); 0: last only
-keep_checkpoints = 2  # newest checkpoints kept in out_dir
-overwrite = False  # from scratch in an out_dir holding checkpoints: move them aside (else refused)
-skip_nonfinite_steps = 0  # optimizer steps with a non-finite loss/grad norm to skip before stopping
-loss_spike_factor = 3.0  # a train loss above this multiple of its recent mean is a spike (not checkpointed); 0: off
-loss_spike_steps = 3  # spikes in a row that stop the run (exit 3)
-# wandb
-wandb_log = False  # send metrics and the config to Weights & Biases
-wandb_project = "xsa"  # wandb project
-wandb_group = None  # wandb group; None: the config name without its sa_/xsa_ prefix, shared by SA and XSA
-wandb_run_name = None  # wandb run name; None: the config file name
-# model (model.GPTConfig)
-n_layer = 12  # transformer blocks
-n_head = 12  # attention (query) heads per block
-n_kv_head = None  # key/value heads, for GQA (n_head a multiple of it) or MQA (1); None means n_head
-n_embd = 768  # model width
-head_dim = None  # width of one head; None means n_embd // n_head
-block_size = 1024  # context length in tokens
-vocab_size = 50304  # GPT-2's 50257 padded up to a multiple of 64
-attn_type = "sa"  # "sa" (standard) or "xsa" (exclusive self-attention)
-xsa_gate = False  # XSA with a learnable per-head gate, z = y - tanh(alpha) * proj, alpha zero-init
-xsa_layers = None  # XSA in some blocks only: the last k (an int) or listed ("0,5,11"); None means all
-n_sinks = 0  # learned attention-sink tokens prepended to every sequence
-rope_theta = 10000.0  # RoPE base frequency
-bias = False  # biases in Linear and LayerNorm layers
-dropout = 0.0  # dropout probability (pretraining: 0)
-# batch
-total_batch_size = 524_288  # tokens per optimizer step over all processes (paper: 256 x 2048)
-batch_size = 8  # sequences per process per micro-step; gradient accumulation makes up the rest
-# optimizer: AdamW (or Muon for the hidden matrices, optimizers.py), linear warmup, cosine decay to min_lr
-optimizer = "adamw"  # "adamw" (the paper's), or "muon": Muon for the blocks' matrices, AdamW for the rest
-learning_rate = 6e-4  # peak learning rate
-max_iters = 200_000  # total optimizer steps
-warmup_iters = 2000  # steps of linear warmup from 0
-lr_decay_iters = None  # step where the cosine reaches min_lr; None means max_iters
-min_lr = None  # final learning rate; None means learning_rate / 10
-weight_decay = 0.1  # AdamW weight decay on matrices (not norms, biases or gates)
-beta1 = 0.9  # AdamW beta1
-beta2 = 0.95  # AdamW beta2
-grad_clip = 1.0  # clip the global gradient norm to this value; 0 disables clipping
-muon_learning_rate = None  # Muon's peak learning rate, on the same schedule; None means learning_rate
-muon_momentum = 0.95  # Muon's Nesterov momentum
-muon_adjust_lr = "match_rms_adamw"  # Muon's per-matrix LR rule: "match_rms_adamw" (AdamW's LR carries over) or "original"
-# system
-device = "auto"  # "auto" (cuda > mps > cpu), or e.g. "cpu", "cuda", "cuda:1"
-dtype = "auto"  # "auto" (bfloat16 on GPUs that support it, else float32), "float32", "bfloat16" (no float16: no loss scaling)
-compile = True  # torch.compile the model
-backend = "auto"  # torch.distributed backend; "auto" is nccl with CUDA and gloo without
-# parallelism and memory (parallelize.py; scripts/memory_plan.py estimates the memory per GPU)
-parallelism = "ddp"  # "ddp": a full replica per process; "fsdp": FSDP2, parameters/gradients/optimizer sharded
-reshard_after_forward = True  # fsdp: free gathered block parameters after forward (False: more memory, less traffic)
-activation_checkpointing = "none"  # "none", "block" (recompute every block in the backward), "selective" (every other)
-seed = 1337  # initialisation and dropout seed
-data_seed = None  # shard order seed; None means seed (SA and XSA with one seed see the same batches)
-# -----------------------------------------------------------------------------
-# key groups, read with the defaults above by configurator.read_defaults (train.py, checkpoint.py, eval/compare.py)
-# the parameters and what they compute: a checkpoint resumes only into a run with the same values
-ARCHITECTURE_KEYS = ("n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "vocab_size", "attn_type", "xsa_gate",
-                     "xsa_layers", "n_sinks", "rope_theta", "bias")
-# the attention variant, which a comparison sets against the SA baseline within one setting
-VARIANT_KEYS = ("attn_type", "xsa_gate", "xsa_layers")
-# runs of two variants with the same values here form a pair: same initialisation, same batches
-PAIRING_KEYS = ("seed", "data_seed")
-# where and how a run is named, logged, launched or parallelised: never what it trains
-BOOKKEEPING_KEYS = ("out_dir", "init_from", "eval_interval", "log_interval", "sample_interval", "checkpoint_interval",
-                    "keep_checkpoints", "overwrite", "skip_nonfinite_steps", "loss_spike_factor", "loss_spike_steps",
-                    "wandb_log", "wandb_project", "wandb_group",
-                    "wandb_run_name", "device", "compile", "backend", "parallelism", "reshard_after_forward",
-                    "activation_checkpointing")
-
-from checkpoint import (Checkpointer, NonFiniteState, clean_run_dir, list_checkpoints, model_config,  # noqa: E402
-                        set_aside_run)
-from configurator import ConfigError, load_config, read_defaults  # noqa: E402
-from dataloader import TrainLoader, val_sequences  # noqa: E402
-from files import DirectoryLock, DirectoryLocked, write_atomically  # noqa: E402
-from metrics import MetricsLogger, ThroughputMeter, format_count, format_duration  # noqa: E402
-from model import GPT  # noqa: E402
-from optimizers import OPTIMIZERS, build_optimizer, set_hyperparameters  # noqa: E402
-from parallelize import (ACTIVATION_CHECKPOINTING, PARALLELISMS, clip_grad_norm, compile_summary,  # noqa: E402
-                         gradient_sync, is_sharded, parallelize)
-from runtime import (DeviceError, StopSignals, autocast, enable_tf32, peak_flops, peak_memory_gb, provenance,  # noqa: E402
-                     reset_peak_memory, resolve_dtype, setup_runtime, teardown_runtime)
-
+import train_config
+from checkpoint import Checkpointer, NonFiniteState, clean_run_dir, list_checkpoints, set_aside_run
+from configurator import ConfigError
+from dataloader import TrainLoader, val_sequences
+from files import DirectoryLock, DirectoryLocked, write_atomically
+from metrics import MetricsLogger, ThroughputMeter, format_count, format_duration
+from model import GPT
+from optimizers import build_optimizer, set_hyperparameters
+from parallelize import clip_grad_norm, compile_summary, gradient_sync, is_sharded, parallelize
+from runtime import (DeviceError, StopSignals, autocast, enable_tf32, git_diff, peak_flops, peak_memory_gb,
+                     provenance, reset_peak_memory, resolve_dtype, setup_runtime, teardown_runtime)
 
 class TrainingStopped(RuntimeError):
     """A condition under which continuing would waste compute or corrupt the run."""
@@ -154,61 +74,6 @@ class LossSpikeGuard:
         self.recent.clear()
         self.recent.extend(state["recent"])
         self.in_a_row = state["in_a_row"]
-
-
-def derive_names(config, config_files):
-    """out_dir, wandb run name and group from the config file's name where not set."""
-    name = os.path.splitext(os.path.basename(config_files[-1]))[0] if config_files else "run"
-    config["out_dir"] = config["out_dir"] or os.path.join("out", name)
-    config["wandb_run_name"] = config["wandb_run_name"] or name
-    if config["wandb_group"] is None:
-        config["wandb_group"] = name.split("_", 1)[1] if name.startswith(("sa_", "xsa_")) else name
-
-
-MAX_LEARNING_RATE = 1e3  # far above any that trains these models (1e300 would overflow AdamW's fp32 step)
-
-
-def check_config(c):
-    """Ranges and choices, checked before anything runs or is written (a ConfigError exits with 2)."""
-    positive = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "total_batch_size", "batch_size",
-                "max_iters", "eval_interval", "log_interval", "val_tokens", "keep_checkpoints", "learning_rate",
-                "rope_theta")
-    non_negative = ("n_sinks", "warmup_iters", "checkpoint_interval", "sample_interval", "skip_nonfinite_steps",
-                    "seed", "data_seed", "weight_decay", "grad_clip", "min_lr", "lr_decay_iters", "loss_spike_factor",
-                    "loss_spike_steps")
-    for key in positive:
-        if c[key] is not None and c[key] <= 0:
-            raise ConfigError(f"{key} must be positive, got {c[key]!r}")
-    for key in non_negative:
-        if c[key] is not None and c[key] < 0:
-            raise ConfigError(f"{key} must not be negative, got {c[key]!r}")
-    if c["muon_learning_rate"] is not None and c["muon_learning_rate"] <= 0:
-        raise ConfigError(f"muon_learning_rate must be positive, got {c['muon_learning_rate']!r}")
-    for key in ("learning_rate", "min_lr", "muon_learning_rate"):
-        if c[key] is not None and not c[key] <= MAX_LEARNING_RATE:  # also catches nan and inf
-            raise ConfigError(f"{key}={c[key]!r} is not a learning rate for AdamW or Muon: at most "
-                              f"{MAX_LEARNING_RATE:g} (the paper's are 3e-4 to 5e-4)")
-    if c["loss_spike_factor"] and c["loss_spike_factor"] <= 1:
-        raise ConfigError(f"loss_spike_factor must be above 1 (or 0: off), got {c['loss_spike_factor']!r}")
-    for key in ("beta1", "beta2", "dropout", "muon_momentum"):
-        if not 0 <= c[key] < 1:
-            raise ConfigError(f"{key} must be in [0, 1), got {c[key]!r}")
-    choices = {"init_from": ("scratch", "resume"), "parallelism": PARALLELISMS, "optimizer": OPTIMIZERS,
-               "muon_adjust_lr": ("match_rms_adamw", "original"),
-               "activation_checkpointing": ACTIVATION_CHECKPOINTING,
-               "dtype": ("auto", "float32", "bfloat16"), "backend": ("auto", "nccl", "gloo")}
-    if c["dtype"] == "float16":  # its 5-bit exponent underflows small gradients without a loss scaler
-        raise ConfigError("dtype='float16' needs loss scaling, which this trainer does not do; use 'bfloat16' "
-                          "(GPUs from Ampere on) or 'float32'")
-    for key, allowed in choices.items():
-        if c[key] not in allowed:
-            raise ConfigError(f"{key} must be one of {', '.join(map(repr, allowed))}; got {c[key]!r}")
-    if os.path.exists(c["out_dir"]) and not os.path.isdir(c["out_dir"]):
-        raise ConfigError(f"out_dir {c['out_dir']!r} is a file, not a directory")
-    try:
-        model_config(c)  # the model's own checks (head sizes, attention type, ...)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
 
 
 def lr_at(step, c):
@@ -291,7 +156,7 @@ def setup(c, runtime):
     val_x, val_y = val_sequences(c["data_dir"], c["block_size"], c["val_tokens"], c["vocab_size"])
 
     torch.manual_seed(c["seed"])  # same initialisation on every rank
-    raw_model = GPT(model_config(c)).to(runtime.device)
+    raw_model = GPT(train_config.model_config(c)).to(runtime.device)
     # the optimizer comes after parallelize: FSDP replaces the parameters with sharded ones
     model, train_model = parallelize(raw_model, runtime, dtype, parallelism=c["parallelism"], compile=c["compile"],
                                      activation_checkpointing=c["activation_checkpointing"],
@@ -521,6 +386,9 @@ def train(c, runtime, log, stop):
         if runtime.is_main:
             info = json.dumps({"config": c, "provenance": run_provenance}, indent=2)
             write_atomically(os.path.join(c["out_dir"], "config.json"), lambda f: f.write(info.encode()))
+            if run_provenance["git_dirty"]:  # the commit alone would not reproduce this run
+                diff = git_diff() or ""
+                write_atomically(os.path.join(c["out_dir"], "git.diff"), lambda f: f.write(diff.encode()))
         log.keep_steps_up_to(run_state["step"])
         log.print(f"provenance: {json.dumps(run_provenance)}")
         log.print(f"config: {json.dumps(c)}")
@@ -548,22 +416,10 @@ EXIT_STOPPED = 3  # bad data, an unusable checkpoint, a diverged run, a full dis
 # and, with a checkpoint of the step it stopped after: 130 stopped by SIGINT (Ctrl-C), 143 by SIGTERM
 
 
-def resolved_config(argv):
-    """The run's config: train.py's defaults, then the config files and overrides of argv, names and
-    derived values filled in, checked (ConfigError)."""
-    defaults, _ = read_defaults(__file__)  # the lowercase literals above
-    c, config_files = load_config(defaults, argv, source_path=__file__)
-    derive_names(c, config_files)
-    c["data_seed"] = c["seed"] if c["data_seed"] is None else c["data_seed"]
-    c["min_lr"] = c["learning_rate"] / 10 if c["min_lr"] is None else c["min_lr"]
-    check_config(c)
-    return c
-
-
 def run(argv):
     """The whole run; returns its exit status. An error that a relaunch cannot fix ends in one line."""
     try:
-        c = resolved_config(argv)
+        c, _ = train_config.resolve(argv)
         runtime = setup_runtime(c["device"], c["backend"])
     except (ConfigError, DeviceError) as e:
         print(f"config error: {e}", file=sys.stderr, flush=True)

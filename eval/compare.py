@@ -7,9 +7,10 @@ a markdown table of the final validation losses and each variant's difference fr
     python eval/compare.py 'out/small_study/*' --out out/small_study --smooth 0.9
     python eval/compare.py out/sweep_seqlen --out out/sweep_seqlen  # a directory of run directories
 
-train.py declares the key groups used here. A run's *variant* is its VARIANT_KEYS (attn_type,
-xsa_gate, xsa_layers: "sa", "xsa", "xsa+gate", "xsa+layers=4"); a run whose config predates a variant
-key has that key's default (no xsa_gate: plain XSA).
+train_config.py declares the key groups used here. A run's *variant* is its VARIANT_KEYS (attn_type,
+xsa_gate, xsa_layers), named by train_config.variant_name ("sa", "xsa", "xsa_gate", "xsa_last4",
+"xsa_blocks0-5"); a run whose config predates a variant key has that key's default (no xsa_gate:
+plain XSA).
 A *setting* is a run's resolved config without the variant keys, the PAIRING_KEYS (seed, data_seed)
 and the BOOKKEEPING_KEYS (where and how a run was logged: out_dir, wandb names, init_from, ...).
 Within a setting SA is the baseline, and every other variant is compared with it: a run of that
@@ -34,15 +35,11 @@ import scipy.stats
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from configurator import read_defaults  # noqa: E402
 from eval import common  # noqa: E402
 from metrics import read_metrics  # noqa: E402
+from train_config import BOOKKEEPING_KEYS, PAIRING_KEYS, TRAIN_KEYS, VARIANT_KEYS, variant_name  # noqa: E402
 
-DEFAULTS, KEY_GROUPS = read_defaults()  # train.py's config defaults and key groups, read from its source
-VARIANT_KEYS = KEY_GROUPS["VARIANT_KEYS"]
-PAIRING_KEYS = KEY_GROUPS["PAIRING_KEYS"]
-BOOKKEEPING_KEYS = KEY_GROUPS["BOOKKEEPING_KEYS"]
-BASELINE = tuple(DEFAULTS[k] for k in VARIANT_KEYS)  # train.py's default attention: SA
+BASELINE = tuple(TRAIN_KEYS[k].default for k in VARIANT_KEYS)  # train.py's default attention: SA
 
 
 # -----------------------------------------------------------------------------
@@ -74,7 +71,7 @@ class Run:
         self.config = info.get("config", info)
         self.name = self.config.get("wandb_run_name") or os.path.basename(os.path.normpath(path))
         # a key that the run's train.py did not have yet has its default (no xsa_gate: plain XSA)
-        self.variant = tuple(self.config.get(k, DEFAULTS[k]) for k in VARIANT_KEYS)
+        self.variant = tuple(self.config.get(k, TRAIN_KEYS[k].default) for k in VARIANT_KEYS)
         self.seed = self.config.get("seed")
         by_step = {r["step"]: r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "step" in r}
         self.records = [by_step[s] for s in sorted(by_step)]  # a resumed run's last record per step wins
@@ -99,20 +96,15 @@ class Run:
 
 
 def variant_label(variant):
-    """'sa', 'xsa', 'xsa+gate', 'xsa+layers=4': the attn_type, then each other variant key not at its
-    default, named without the attn_type prefix (xsa_gate=True: '+gate', xsa_layers=4: '+layers=4')."""
-    values = dict(zip(VARIANT_KEYS, variant))
-    attn_type = values.pop("attn_type")
-    extras = [k.removeprefix(f"{attn_type}_") + ("" if v is True else f"={v}")
-              for k, v in values.items() if v != DEFAULTS[k]]
-    return "+".join([attn_type, *extras])
+    """The variant's name (train_config.variant_name): 'sa', 'xsa', 'xsa_gate', 'xsa_last4'."""
+    return variant_name(dict(zip(VARIANT_KEYS, variant)))
 
 
 def variant_title(variant):
     """The variant as headings and legends name it, the attention type in capitals: 'SA', 'XSA',
-    'XSA+gate', 'XSA+layers=4'."""
-    attn_type, plus, extras = variant_label(variant).partition("+")
-    return attn_type.upper() + plus + extras
+    'XSA+gate', 'XSA+last4'."""
+    attn_type, _, extras = variant_label(variant).partition("_")
+    return attn_type.upper() + ("+" + extras.replace("_", "+") if extras else "")
 
 
 def find_runs(patterns):

@@ -57,20 +57,21 @@ train_command() {
 }
 
 # resolve_config "KEY ..." CONFIG_FILE [--key=value ...]: the values (one line, space-separated)
-# of these keys in the config train.py would run with. configurator.parse_config applies the files
-# and overrides as train.py does, to train.py's defaults, read rather than imported
-# (configurator.read_defaults; importing train.py imports torch: seconds per call). A key this
-# misses fails loudly (unknown key, or KeyError), never with a wrong value.
+# of these keys in the config train.py would run with (train_config.resolve, which train.py uses),
+# and for the key "variant" the config's attention variant as run names spell it
+# (train_config.variant_name: sa, xsa, xsa_gate, ...). A key this misses fails loudly (unknown key,
+# or KeyError), never with a wrong value.
 resolve_config() {
     "${PYTHON:-python}" - "$@" <<'PY'
 import sys
-from configurator import ConfigError, parse_config, read_defaults
+from configurator import ConfigError
+from train_config import resolve, variant_name
 keys, argv = sys.argv[1].split(), sys.argv[2:]
-defaults, _ = read_defaults()
 try:
-    config, _ = parse_config(defaults, argv)
+    config, _ = resolve(argv)
 except ConfigError as e:
     sys.exit(f"config error: {e}")
+config["variant"] = variant_name(config)
 print(*(config[key] for key in keys))
 PY
 }

@@ -44,22 +44,34 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-# -----------------------------------------------------------------------------
-# the planner's keys (train.py's keys are accepted too)
-world_size = 8  # processes (GPUs) the run is spread over
-gpu_mem_gb = 80.0  # memory of one GPU in GB (1e9 bytes), for the largest micro-batch that fits
-reserved_gb = 4.0  # memory not available to tensors: CUDA context, NCCL buffers, fragmentation
-measure = False  # also run one micro-step of this config in this process and print its measured peak
-json_output = False  # print the plan as one JSON object instead of a table
-# -----------------------------------------------------------------------------
-PLANNER_KEYS = ["world_size", "gpu_mem_gb", "reserved_gb", "measure", "json_output"]
+from dataclasses import dataclass  # noqa: E402
+
+
+@dataclass
+class Planner:
+    """The planner's own keys, beside every key of train.py.
+
+    Attributes:
+        world_size: processes (GPUs) the run is spread over
+        gpu_mem_gb: memory of one GPU in GB (1e9 bytes), for the largest micro-batch that fits
+        reserved_gb: memory not available to tensors: CUDA context, NCCL buffers, fragmentation
+        measure: also run one micro-step of this config in this process and print its measured peak
+        json_output: print the plan as one JSON object instead of a table
+    """
+    world_size: int = 8
+    gpu_mem_gb: float = 80.0
+    reserved_gb: float = 4.0
+    measure: bool = False
+    json_output: bool = False
+
+
 GB = 1e9
 
 
 def parameter_counts(c):
     """Parameter counts of the config's GPT, built on the meta device (no memory)."""
     import torch
-    from checkpoint import model_config
+    from train_config import model_config
     from model import GPT
     from optimizers import is_hidden_matrix
     with torch.device("meta"):
@@ -159,7 +171,7 @@ def measure_peak(c):
     allocator's peak."""
     import ctypes
     import torch
-    from checkpoint import model_config
+    from train_config import model_config
     from model import GPT
     from optimizers import build_optimizer
     from parallelize import apply_activation_checkpointing
@@ -210,14 +222,12 @@ def measure_peak(c):
 
 
 def main():
-    from configurator import TRAIN_PY, key_comments, parse_config, read_defaults
-    defaults, _ = read_defaults()
-    comments = {**key_comments(TRAIN_PY, defaults), **key_comments(__file__, PLANNER_KEYS)}
-    defaults.update({k: globals()[k] for k in PLANNER_KEYS})
-    os.chdir(REPO)  # config files exec their SA file by a path relative to the repo root
+    import train_config
+    from configurator import ConfigError, keys_of
     try:
-        c, files = parse_config(defaults, sys.argv[1:], comments, prog="scripts/memory_plan.py")
-    except ValueError as e:
+        c, files = train_config.resolve(sys.argv[1:], keys={**train_config.TRAIN_KEYS, **keys_of(Planner)},
+                                        prog="scripts/memory_plan.py")
+    except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
     W = c["world_size"] if not c["measure"] else 1

@@ -101,17 +101,16 @@ slot_nproc() {
 # one, as checkpoint.py names and lists them.
 run_progress() {
     "$PYTHON" - "$@" <<'PY'
-import os, sys
-from configurator import ConfigError, parse_config, read_defaults
+import sys
+from checkpoint import checkpoint_step, list_checkpoints
+from configurator import ConfigError
+from train_config import resolve
 out_dir, argv = sys.argv[1], sys.argv[2:]
 try:
-    config, _ = parse_config(read_defaults()[0], argv)
+    config, _ = resolve(argv)
 except ConfigError as e:
     sys.exit(f"config error: {e}")
-steps = []
-if os.path.isdir(out_dir):  # checkpoint.py imports torch (seconds): only where a checkpoint can be
-    from checkpoint import checkpoint_step, list_checkpoints
-    steps = [checkpoint_step(path) for path in list_checkpoints(out_dir)]
+steps = [checkpoint_step(path) for path in list_checkpoints(out_dir)]
 print(config["max_iters"], max(steps, default=""))
 PY
 }

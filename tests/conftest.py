@@ -63,9 +63,10 @@ def micro_args(data_dir, out_dir, **overrides):
 
 def make_optimizer(model, **overrides):
     """The optimizer train.py would build for model on the CPU, with train.py's defaults and overrides."""
-    from configurator import read_defaults
+    from configurator import defaults_of
     from optimizers import build_optimizer
-    return build_optimizer(model, {**read_defaults()[0], **overrides}, "cpu")
+    from train_config import TRAIN_KEYS, fill_derived
+    return build_optimizer(model, fill_derived({**defaults_of(TRAIN_KEYS), **overrides}), "cpu")
 
 
 def run_train(args, nproc=1, check=True, env=None):

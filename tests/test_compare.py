@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from configurator import read_defaults
+from train_config import BOOKKEEPING_KEYS, TRAIN_KEYS, VARIANT_KEYS
 from conftest import REPO
 
 # Student t quantiles from a printed table, by degrees of freedom: 0.975 (95% intervals), 0.95 (90%)
@@ -205,21 +205,21 @@ def test_gated_xsa_is_compared_with_sa_separately_from_plain_xsa(tmp_path):
     by seed. A run from before xsa_gate existed counts as plain XSA."""
     final = {"sa": {1: 3.50, 2: 3.52, 3: 3.47},
              "xsa": {1: 3.46, 2: 3.50, 3: 3.45},
-             "xsa+gate": {1: 3.44, 2: 3.49, 3: 3.47, 4: 3.40}}  # seed 4 has no SA partner
+             "xsa_gate": {1: 3.44, 2: 3.49, 3: 3.47, 4: 3.40}}  # seed 4 has no SA partner
     root = str(tmp_path / "runs")
     for variant, by_seed in final.items():
         for seed, loss in by_seed.items():
             name = f"{variant.replace('+', '_')}_a_seed{seed}"
-            gate = variant == "xsa+gate"
+            gate = variant == "xsa_gate"
             write_run(root, name, "sa" if variant == "sa" else "xsa", seed, {50: loss + 0.2, 100: loss},
                       extra={"xsa_gate": gate}, drop=("xsa_gate",) if (variant, seed) == ("xsa", 3) else ())
     markdown = compare_markdown(str(tmp_path / "cmp"), root)
 
     per_run = {r["run"]: r for r in table_rows(markdown, "| run |")}
-    assert per_run["xsa_gate_a_seed1"]["variant"] == "xsa+gate" and per_run["xsa_a_seed3"]["variant"] == "xsa"
+    assert per_run["xsa_gate_a_seed1"]["variant"] == "xsa_gate" and per_run["xsa_a_seed3"]["variant"] == "xsa"
     rows = comparison_rows(markdown)
-    assert set(rows) == {("a", "xsa"), ("a", "xsa+gate")}  # one setting; neither variant mistaken for the other
-    for variant in ("xsa", "xsa+gate"):
+    assert set(rows) == {("a", "xsa"), ("a", "xsa_gate")}  # one setting; neither variant mistaken for the other
+    for variant in ("xsa", "xsa_gate"):
         seeds = sorted(set(final[variant]) & set(final["sa"]))
         diffs = [final[variant][s] - final["sa"][s] for s in seeds]
         row = rows[("a", variant)]
@@ -241,8 +241,7 @@ def test_gated_xsa_is_compared_with_sa_separately_from_plain_xsa(tmp_path):
 def test_settings_ignore_the_bookkeeping_keys_train_py_declares(tmp_path):
     """Runs that differ only in keys train.py's BOOKKEEPING_KEYS names (how often a run evaluated or
     printed samples) are one setting; a key outside the groups (the learning rate) splits settings."""
-    _, groups = read_defaults()
-    assert {"eval_interval", "sample_interval"} <= set(groups["BOOKKEEPING_KEYS"])
+    assert {"eval_interval", "sample_interval"} <= set(BOOKKEEPING_KEYS)
     root = str(tmp_path / "runs")
     write_run(root, "sa_a_seed1", "sa", 1, {10: 5.0}, extra={"eval_interval": 10, "sample_interval": 0})
     write_run(root, "xsa_a_seed1", "xsa", 1, {10: 4.7}, extra={"eval_interval": 5, "sample_interval": 10})
@@ -257,14 +256,17 @@ def test_settings_ignore_the_bookkeeping_keys_train_py_declares(tmp_path):
 
 
 def test_variant_labels_name_the_keys_that_differ_from_sa():
+    """One spelling per variant (train_config.variant_name): the last 11 blocks and block 11 alone differ."""
     compare = load_compare()
-    defaults, groups = read_defaults()
-    assert compare.VARIANT_KEYS == groups["VARIANT_KEYS"] and "xsa_gate" in compare.VARIANT_KEYS
+    assert compare.VARIANT_KEYS == VARIANT_KEYS and "xsa_gate" in compare.VARIANT_KEYS
 
     def variant(**values):
-        return tuple(values.get(k, defaults[k]) for k in groups["VARIANT_KEYS"])
+        return tuple(values.get(k, TRAIN_KEYS[k].default) for k in VARIANT_KEYS)
 
     assert compare.variant_label(variant()) == "sa"
     assert compare.variant_label(variant(attn_type="xsa")) == "xsa"
-    assert compare.variant_label(variant(attn_type="xsa", xsa_gate=True)) == "xsa+gate"
-    assert compare.variant_label(variant(attn_type="xsa", xsa_layers=4)) == "xsa+layers=4"
+    assert compare.variant_label(variant(attn_type="xsa", xsa_gate=True)) == "xsa_gate"
+    assert compare.variant_label(variant(attn_type="xsa", xsa_layers=11)) == "xsa_last11"
+    assert compare.variant_label(variant(attn_type="xsa", xsa_layers="11")) == "xsa_blocks11"
+    assert compare.variant_label(variant(attn_type="xsa", xsa_gate=True, xsa_layers="0,5")) == "xsa_gate_blocks0-5"
+    assert compare.variant_title(variant(attn_type="xsa", xsa_gate=True, xsa_layers=4)) == "XSA+gate+last4"

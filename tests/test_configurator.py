@@ -1,51 +1,123 @@
-"""configurator.py: config files, --key=value overrides and their errors, through train.py as users run it."""
+"""configurator.py and train_config.py: the schema of the config keys, config files, --key=value overrides
+and their errors, through train.py as users run it."""
 
+import os
 import subprocess
 import sys
+from dataclasses import dataclass, fields
+from typing import Literal
 
 import pytest
 
 from conftest import REPO
-from configurator import ConfigError, parse_config, read_defaults
-
-DEFAULTS = {"learning_rate": 6e-4, "max_iters": 100, "compile": True, "attn_type": "sa", "head_dim": None}
+from configurator import ConfigError, keys_of, parse_config
 
 
-def run_train_cli(*args):
-    return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True)
+@dataclass
+class Example:
+    """A small schema.
+
+    Attributes:
+        learning_rate: peak learning rate
+        max_iters: total steps
+        compile: torch.compile the model
+        attn_type: the attention
+        head_dim: width of one head;
+            None means n_embd // n_head
+        layers: the last k blocks, or the blocks listed
+    """
+    learning_rate: float = 6e-4
+    max_iters: int = 100
+    compile: bool = True
+    attn_type: Literal["sa", "xsa"] = "sa"
+    head_dim: int | None = None
+    layers: int | str | list[int] | None = None
+
+
+KEYS = keys_of(Example)
+
+
+def run_train_cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, os.path.join(REPO, "train.py"), *args], cwd=cwd, capture_output=True,
+                          text=True)
+
+
+def test_keys_come_with_default_type_and_meaning():
+    assert list(KEYS) == [f.name for f in fields(Example)]
+    assert KEYS["max_iters"].default == 100 and KEYS["max_iters"].type is int
+    assert KEYS["head_dim"].help == "width of one head; None means n_embd // n_head"  # continued lines joined
+    assert KEYS["learning_rate"].section == "A small schema."
+
+
+def test_a_field_without_a_meaning_is_a_schema_error():
+    @dataclass
+    class Undocumented:
+        """One key forgotten.
+
+        Attributes:
+            documented: yes
+        """
+        documented: int = 1
+        forgotten: int = 2
+    with pytest.raises(TypeError, match="Undocumented.forgotten"):
+        keys_of(Undocumented)
 
 
 def test_config_files_then_overrides_in_order(tmp_path):
     first, second = tmp_path / "a.py", tmp_path / "b.py"
     first.write_text("learning_rate = 1e-3\nmax_iters = 5\n")
     second.write_text(f"exec(open({str(first)!r}).read())\nattn_type = 'xsa'\n")
-    config, files = parse_config(DEFAULTS, [str(second), "--max_iters=7", "--compile=False", "--head_dim=64"])
-    assert config == {"learning_rate": 1e-3, "max_iters": 7, "compile": False, "attn_type": "xsa", "head_dim": 64}
+    config, files = parse_config(KEYS, [str(second), "--max_iters=7", "--compile=False", "--head_dim=64"])
+    assert config == {"learning_rate": 1e-3, "max_iters": 7, "compile": False, "attn_type": "xsa", "head_dim": 64,
+                      "layers": None}
     assert files == [str(second)]
 
 
-def test_int_accepted_for_float_and_bare_strings():
-    config, _ = parse_config(DEFAULTS, ["--learning_rate=1", "--attn_type=xsa"])
+def test_int_accepted_for_float_tuple_for_list_and_bare_strings():
+    config, _ = parse_config(KEYS, ["--learning_rate=1", "--attn_type=xsa", "--layers=0,2"])
     assert config["learning_rate"] == 1.0 and type(config["learning_rate"]) is float
-    assert config["attn_type"] == "xsa"
+    assert config["attn_type"] == "xsa" and config["layers"] == [0, 2]
+    assert parse_config(KEYS, ["--layers=3"])[0]["layers"] == 3 and parse_config(KEYS, ["--layers=[1]"])[0]["layers"] == [1]
 
 
 @pytest.mark.parametrize("args,message", [
     (["--learnig_rate=1e-3"], "did you mean learning_rate"),
     (["--max_iters=1.5"], "max_iters expects int"),
+    (["--max_iters=True"], "max_iters expects int"),  # a bool is no int
     (["--compile=1"], "compile expects bool"),
+    (["--head_dim=a"], "head_dim expects int or None \\(default None\\), got str 'a'"),  # None-default keys are typed too
+    (["--layers=True"], "layers expects int or str or list of int or None"),
+    (["--attn_type=gsa"], "attn_type must be one of 'sa', 'xsa'; got 'gsa'"),
     (["--max_iters"], "--key=value"),
 ])
 def test_bad_overrides_raise(args, message):
     with pytest.raises(ConfigError, match=message):
-        parse_config(DEFAULTS, args)
+        parse_config(KEYS, args)
 
 
 def test_unknown_key_in_config_file_names_the_file(tmp_path):
     path = tmp_path / "bad.py"
     path.write_text("max_iter = 10\n")
     with pytest.raises(ConfigError, match=r"'max_iter' in .*bad.py; did you mean max_iters"):
-        parse_config(DEFAULTS, [str(path)])
+        parse_config(KEYS, [str(path)])
+
+
+def test_config_files_find_what_they_include_from_any_directory(tmp_path, monkeypatch):
+    """config/xsa_tiny.py reads config/sa_tiny.py by a path from the repository root; a file of one's own
+    may read a file beside it. Neither depends on the working directory."""
+    import train_config
+    monkeypatch.chdir(tmp_path)
+    c, _ = train_config.resolve([os.path.join(REPO, "config", "xsa_tiny.py")])
+    assert (c["attn_type"], c["n_layer"], c["out_dir"]) == ("xsa", 4, os.path.join("out", "xsa_tiny"))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "base.py").write_text("n_layer = 3\n")
+    (tmp_path / "mine" / "xsa_mine.py").write_text("exec(open('base.py').read())\nattn_type = 'xsa'\n")
+    monkeypatch.chdir(REPO)
+    c, _ = train_config.resolve([str(tmp_path / "mine" / "xsa_mine.py")])
+    assert (c["n_layer"], c["attn_type"], c["wandb_group"]) == (3, "xsa", "mine")
+    (tmp_path / "mine" / "broken.py").write_text("exec(open('missing.py').read())\n")
+    with pytest.raises(ConfigError, match="'missing.py' is neither beside .*broken.py nor in a folder above it"):
+        train_config.resolve([str(tmp_path / "mine" / "broken.py")])
 
 
 @pytest.mark.parametrize("args,message", [
@@ -60,6 +132,11 @@ def test_unknown_key_in_config_file_names_the_file(tmp_path):
     (["config/sa_tiny.py", "--beta2=1.0"], "beta2 must be in [0, 1), got 1.0"),
     (["config/sa_tiny.py", "--parallelism=zero3"], "parallelism must be one of 'ddp', 'fsdp'; got 'zero3'"),
     (["config/sa_tiny.py", "--head_dim=15"], "head_dim must be even for RoPE, got 15"),
+    (["config/sa_tiny.py", "--n_kv_head=a"], "n_kv_head expects int or None (default None), got str 'a'"),
+    (["config/xsa_tiny.py", "--xsa_layers=True"], "xsa_layers expects int or str or list of int or None "
+                                                  "(default None), got bool True"),
+    (["config/xsa_tiny.py", "--xsa_layers=0"], "xsa_layers=0 puts XSA in no block, which is SA: use attn_type='sa'"),
+    (["config/sa_tiny.py", "--optimizer=sgd"], "optimizer must be one of 'adamw', 'muon'; got 'sgd'"),
     (["config/sa_tiny.py", "--learning_rate=1e300"], "learning_rate=1e+300 is not a learning rate for AdamW or Muon: "
                                                       "at most 1000 (the paper's are 3e-4 to 5e-4)"),
     (["config/sa_tiny.py", "--dtype=float16"], "dtype='float16' needs loss scaling, which this trainer does not do; use 'bfloat16' "
@@ -75,41 +152,51 @@ def test_train_cli_errors_are_one_line_and_write_nothing(tmp_path, args, message
     assert not out_dir.exists()
 
 
-def test_read_defaults_takes_literal_keys_and_key_groups_without_running_the_file(tmp_path):
-    source = tmp_path / "entry.py"
-    source.write_text(
-        "import os\n"
-        "learning_rate = 6e-4  # peak\n"
-        "max_iters = 10_000\n"
-        "out_dir = None\n"
-        "compile = True\n"
-        "_private = 1\n"
-        "CONSTANT = 3\n"
-        "derived = os.getcwd()  # not a literal: not a key\n"
-        "MODEL_KEYS = ('learning_rate', 'max_iters')\n"
-        "raise SystemExit('never executed')\n")
-    defaults, groups = read_defaults(str(source))
-    assert defaults == {"learning_rate": 6e-4, "max_iters": 10000, "out_dir": None, "compile": True}
-    assert groups == {"MODEL_KEYS": ("learning_rate", "max_iters")}
-
-
 def test_train_key_groups_name_only_config_keys():
-    defaults, groups = read_defaults()
-    assert {"ARCHITECTURE_KEYS", "VARIANT_KEYS", "PAIRING_KEYS", "BOOKKEEPING_KEYS"} <= set(groups)
-    for name, keys in groups.items():
-        assert set(keys) <= set(defaults), (name, set(keys) - set(defaults))
+    import train_config
+    keys = train_config.TRAIN_KEYS
+    groups = {name: getattr(train_config, name) for name in
+              ("ARCHITECTURE_KEYS", "VARIANT_KEYS", "PAIRING_KEYS", "BOOKKEEPING_KEYS")}
+    for name, group in groups.items():
+        assert group and set(group) <= set(keys), (name, set(group) - set(keys))
     # a key is what is trained, how it is paired, or bookkeeping: never two of these
     assert not set(groups["PAIRING_KEYS"]) & set(groups["BOOKKEEPING_KEYS"])
+    assert not set(groups["ARCHITECTURE_KEYS"]) & set(groups["BOOKKEEPING_KEYS"])
     assert set(groups["VARIANT_KEYS"]) <= set(groups["ARCHITECTURE_KEYS"])
 
 
-def test_train_help_lists_every_key_with_default_and_comment():
+def test_every_model_field_but_context_and_dropout_is_checked_on_resume():
+    """A new GPTConfig field is an architecture key unless listed as one a checkpoint may continue with:
+    a checkpoint with another value of it is refused."""
+    from checkpoint import architecture_mismatch
+    from model import GPTConfig
+    import train_config
+    assert set(train_config.MODEL_KEYS) == {f.name for f in fields(GPTConfig)} <= set(train_config.TRAIN_KEYS)
+    base = {k: train_config.TRAIN_KEYS[k].default for k in train_config.MODEL_KEYS}
+    for key in train_config.MODEL_KEYS:
+        changed = {**base, key: "another value"}
+        assert (key in architecture_mismatch(base, changed)) == (key not in ("block_size", "dropout")), key
+
+
+@pytest.mark.parametrize("value,expected", [("0,2", "0,2"), ("[2, 0]", "0,2"), ("(0,)", "0"), ("'1'", "1"), ("2", 2)])
+def test_xsa_layers_takes_an_int_or_the_blocks_in_any_spelling(value, expected):
+    import train_config
+    c, _ = train_config.resolve(["config/xsa_tiny.py", f"--xsa_layers={value}"])
+    assert c["xsa_layers"] == expected
+    assert train_config.variant_name(c) == (f"xsa_last{expected}" if isinstance(expected, int)
+                                            else "xsa_blocks" + expected.replace(",", "-"))
+
+
+def test_train_help_lists_every_key_with_default_and_meaning():
+    import train_config
     proc = run_train_cli("--help")
     assert proc.returncode == 0
-    lines = {line.split()[0]: line for line in proc.stdout.splitlines()[3:]}
-    assert set(lines) == set(read_defaults()[0])
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines()[3:] if line.startswith("  ") and
+             line.split()[0] in train_config.TRAIN_KEYS}
+    assert set(lines) == set(train_config.TRAIN_KEYS)
     assert "0.1" in lines["weight_decay"] and "AdamW weight decay" in lines["weight_decay"]
     assert "'sa'" in lines["attn_type"] and "exclusive" in lines["attn_type"]
+    assert "The model's hyperparameters" in proc.stdout  # the model keys under GPTConfig's heading
 
 
 def test_out_dir_that_is_a_file_is_a_config_error(tmp_path):

@@ -109,7 +109,7 @@ def test_a_recomputed_block_compiles_on_its_own():
     give dynamo a graph (it skips torch's checkpoint when that is the compiled frame itself)."""
     import torch._dynamo as dynamo
     from torch._dynamo.utils import counters
-    from checkpoint import model_config
+    from train_config import model_config
     from model import GPT
     from parallelize import apply_activation_checkpointing
     dynamo.reset()
@@ -220,7 +220,8 @@ def test_corrupted_shard_is_found_by_the_process_checking_it_and_all_fall_back(d
 def test_failed_sharded_checkpoint_write_leaves_previous_intact(tmp_path, monkeypatch):
     """Also: a sharded checkpoint written and read by one process, without a process group."""
     import errno
-    from checkpoint import load_training_state, model_config, save_sharded_checkpoint
+    from checkpoint import load_training_state, save_sharded_checkpoint
+    from train_config import model_config
     from model import GPT
     model = GPT(model_config(MICRO))
     optimizer = make_optimizer(model)
@@ -244,7 +245,7 @@ def test_failed_sharded_checkpoint_write_leaves_previous_intact(tmp_path, monkey
 
 def test_activation_checkpointing_gives_the_same_training():
     """Recomputed blocks give bit-identical losses, gradients and parameters, dropout included."""
-    from checkpoint import model_config
+    from train_config import model_config
     from model import GPT
     from parallelize import apply_activation_checkpointing
     x = torch.randint(0, 512, (4, MICRO["block_size"] + 1))
@@ -306,13 +307,13 @@ def test_activation_checkpointing_lowers_measured_peak(measured):
     assert peak["wide-block"] < 0.75 * peak["wide"]
 
 
-def test_memory_plan_for_the_paper_configs(monkeypatch):
+def test_memory_plan_for_the_paper_configs():
     """Sharding and recomputation lower the planned memory per GPU of the 2.7B model on 8 GPUs."""
     sys.path.insert(0, os.path.join(REPO, "scripts"))
     import memory_plan
-    from configurator import parse_config, read_defaults
-    monkeypatch.chdir(REPO)
-    c, _ = parse_config(read_defaults()[0], ["config/xsa_2p7b.py"])
+    from configurator import parse_config
+    from train_config import TRAIN_KEYS
+    c, _ = parse_config(TRAIN_KEYS, [os.path.join(REPO, "config", "xsa_2p7b.py")])
     total = {}
     for parallelism in ("ddp", "fsdp"):
         for mode in ("none", "block"):

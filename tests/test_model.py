@@ -155,25 +155,22 @@ def test_causality(attn_type, n_sinks):
 
 @pytest.mark.parametrize("size,expected", [("0p7b", 0.68e9), ("1p4b", 1.41e9), ("2p7b", 2.68e9)])
 @pytest.mark.parametrize("attn_type", ["sa", "xsa"])
-def test_paper_configs_have_paper_sizes(size, expected, attn_type, monkeypatch):
-    from checkpoint import model_config
-    from configurator import parse_config, read_defaults
-    monkeypatch.chdir(REPO)  # config files exec their SA file by a path relative to the repo root
-    defaults = read_defaults()[0]
-    config, _ = parse_config(defaults, [os.path.join("config", f"{attn_type}_{size}.py")])
+def test_paper_configs_have_paper_sizes(size, expected, attn_type):
+    from configurator import parse_config
+    from train_config import TRAIN_KEYS, model_config
+    config, _ = parse_config(TRAIN_KEYS, [os.path.join(REPO, "config", f"{attn_type}_{size}.py")])
     assert config["attn_type"] == attn_type
     with torch.device("meta"):
         model = GPT(model_config(config))
     assert abs(model.num_params() - expected) / expected < 0.02
 
 
-def test_xsa_config_differs_from_sa_only_in_attn_type(monkeypatch):
-    from configurator import parse_config, read_defaults
-    monkeypatch.chdir(REPO)
-    defaults = read_defaults()[0]
+def test_xsa_config_differs_from_sa_only_in_attn_type():
+    from configurator import parse_config
+    from train_config import TRAIN_KEYS
     for size in ("0p7b", "1p4b", "2p7b", "tiny"):
-        sa, _ = parse_config(defaults, [f"config/sa_{size}.py"])
-        xsa, _ = parse_config(defaults, [f"config/xsa_{size}.py"])
+        sa, _ = parse_config(TRAIN_KEYS, [os.path.join(REPO, "config", f"sa_{size}.py")])
+        xsa, _ = parse_config(TRAIN_KEYS, [os.path.join(REPO, "config", f"xsa_{size}.py")])
         assert {k for k in sa if sa[k] != xsa[k]} == {"attn_type"}
 
 
@@ -239,8 +236,8 @@ def test_gqa_shrinks_only_the_key_and_value_projections():
         GPTConfig(n_head=4, n_embd=32, n_kv_head=3)
 
 
-@pytest.mark.parametrize("xsa_layers,expected", [(1, ["sa", "xsa"]), (0, ["sa", "sa"]), ("0", ["xsa", "sa"]),
-                                                 ("1,0", ["xsa", "xsa"]), (None, ["xsa", "xsa"])])
+@pytest.mark.parametrize("xsa_layers,expected", [(1, ["sa", "xsa"]), ("0", ["xsa", "sa"]), ([0], ["xsa", "sa"]),
+                                                 ("1,0", ["xsa", "xsa"]), ((1,), ["sa", "xsa"]), (None, ["xsa", "xsa"])])
 def test_xsa_layers_chooses_the_blocks_that_use_xsa(xsa_layers, expected):
     model = micro_model(attn_type="xsa", xsa_layers=xsa_layers, xsa_gate=True)
     assert [block.attn.attn_type for block in model.transformer.h] == expected
@@ -253,8 +250,9 @@ def test_xsa_layers_chooses_the_blocks_that_use_xsa(xsa_layers, expected):
     torch.testing.assert_close(model(idx)[0], naive_forward(model, idx), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("xsa_layers,message", [(3, "0 <= k <= n_layer=2"), ("0,2", "in 0..1"), ("1,1", "distinct"),
-                                                ("last", "expected the last k blocks")])
+@pytest.mark.parametrize("xsa_layers,message", [(3, "0 < k <= n_layer=2"), ("0,2", "in 0..1"), ("1,1", "distinct"),
+                                                ("last", "expected the last k blocks"), (True, "expected the last k"),
+                                                ([], "distinct and in"), (0, "no block, which is SA")])
 def test_bad_xsa_layers_are_clear_errors(xsa_layers, message):
     with pytest.raises(ValueError, match=message):
         GPTConfig(**{**MICRO, "attn_type": "xsa", "xsa_layers": xsa_layers})

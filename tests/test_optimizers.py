@@ -23,14 +23,17 @@ def groups_by_name(model, optimizer):
     return [(g["algorithm"], g["weight_decay"], {names[id(p)] for p in g["params"]}) for g in optimizer.param_groups]
 
 
-def test_adamw_decays_only_matrices():
+def test_adamw_decays_only_weight_matrices():
+    """Linear and embedding weights decay; norms, biases, gates and the sinks (2-D, but the model's
+    learned inputs, not a layer's weights) do not."""
     model = model_with_everything()
     optimizer = make_optimizer(model, weight_decay=0.1)
     assert isinstance(optimizer, torch.optim.AdamW)
+    weights = {n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))}
     for algorithm, decay, names in groups_by_name(model, optimizer):
         assert algorithm == "adamw"
-        params = dict(model.named_parameters())
-        assert all((params[n].dim() >= 2) == (decay == 0.1) for n in names), (decay, names)
+        assert all((n.rsplit(".", 1)[0] in weights and n.endswith(".weight")) == (decay == 0.1) for n in names), names
+    assert any("sinks" in names and decay == 0.0 for _, decay, names in groups_by_name(model, optimizer))
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
 
 
@@ -41,10 +44,24 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     muon = set().union(*(names for algorithm, _, names in groups if algorithm == "muon"))
     assert muon == {f"transformer.h.{i}.{name}" for i in range(MICRO["n_layer"]) for name in HIDDEN}
     adamw = {(decay, n) for algorithm, decay, names in groups if algorithm == "adamw" for n in names}
-    # the embedding (tied with the output layer) and the sinks are matrices outside the blocks: AdamW, decayed
-    assert {n for decay, n in adamw if decay == 0.1} == {"transformer.wte.weight", "sinks"}
-    assert {n for decay, n in adamw if decay == 0.0} == {n for n, p in model.named_parameters() if p.dim() < 2}
+    # the embedding (tied with the output layer) is a matrix outside the blocks: AdamW, decayed; the sinks
+    # are AdamW's too, not decayed
+    assert {n for decay, n in adamw if decay == 0.1} == {"transformer.wte.weight"}
+    assert {n for decay, n in adamw if decay == 0.0} == {n for n, p in model.named_parameters() if p.dim() < 2} | {"sinks"}
     assert all(decay == 0.1 for algorithm, decay, _ in groups if algorithm == "muon")
+
+
+@pytest.mark.parametrize("adjust_lr,weight_decay,muon_weight_decay,expected", [
+    ("match_rms_adamw", 0.1, None, 0.1),  # AdamW's learning rate and decay carry over
+    ("original", 0.1, None, 0.01),  # Muon's own learning rate (about 0.02): its reference decay, 2e-4 per step
+    ("original", 0.1, 0.05, 0.05)])
+def test_muon_weight_decay_defaults_to_what_its_learning_rate_rule_needs(adjust_lr, weight_decay, muon_weight_decay,
+                                                                         expected):
+    model = model_with_everything()
+    optimizer = make_optimizer(model, optimizer="muon", muon_adjust_lr=adjust_lr, weight_decay=weight_decay,
+                               muon_weight_decay=muon_weight_decay)
+    decays = {g["algorithm"]: g["weight_decay"] for g in optimizer.param_groups if g["decay"]}
+    assert decays == {"muon": pytest.approx(expected), "adamw": weight_decay}
 
 
 @pytest.mark.parametrize("adjust_lr,muon_lr", [("match_rms_adamw", None), ("original", 0.02)])
@@ -58,9 +75,11 @@ def test_muon_adamw_steps_as_torch_muon_and_adamw_side_by_side(adjust_lr, muon_l
     optimizer = make_optimizer(model, **settings)
     hidden = [p for n, p in reference.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2]
     rest = [p for n, p in reference.named_parameters() if not (n.startswith("transformer.h.") and p.dim() == 2)]
-    muon = torch.optim.Muon(hidden, lr=muon_lr or 1e-3, weight_decay=0.1, momentum=0.9, adjust_lr_fn=adjust_lr)
-    adamw = torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": 0.1},
-                               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
+    muon_decay = 0.1 if adjust_lr == "match_rms_adamw" else 0.01  # muon_weight_decay's defaults
+    muon = torch.optim.Muon(hidden, lr=muon_lr or 1e-3, weight_decay=muon_decay, momentum=0.9, adjust_lr_fn=adjust_lr)
+    decayed = [p for n, p in reference.named_parameters() if p.dim() >= 2 and n != "sinks"]
+    adamw = torch.optim.AdamW([{"params": [p for p in rest if any(p is q for q in decayed)], "weight_decay": 0.1},
+                               {"params": [p for p in rest if not any(p is q for q in decayed)], "weight_decay": 0.0}],
                               lr=1e-3, betas=(0.9, 0.95))
     x = torch.randint(0, 512, (2, MICRO["block_size"] + 1))
     for step in range(3):

@@ -486,7 +486,8 @@ def test_run_state_flips_are_all_detected(data_dir, tmp_path):
 def test_flipped_bits_in_a_sharded_run_state_are_detected(tmp_path):
     """FSDP's run_state.pt holds step, loader position, config and RNG: every flip that loads is caught."""
     import random
-    from checkpoint import load_checkpoint_file, model_config, save_sharded_checkpoint
+    from checkpoint import load_checkpoint_file, save_sharded_checkpoint
+    from train_config import model_config
     from conftest import MICRO
     from model import GPT
     model = GPT(model_config(MICRO))

@@ -363,19 +363,15 @@ def test_interrupted_sweep_resumes_unfinished_runs_and_skips_finished_ones(tmp_p
 
 
 def test_sweeps_resolve_a_runs_config_as_train_py_does():
-    """The skip decision needs a run's max_iters: the scripts read train.py's defaults without
-    importing it (no torch per run); they must agree with train.py's own module globals."""
-    from configurator import parse_config, read_defaults
-    argv = ["config/xsa_1p4b.py", "--max_iters=1234", "--learning_rate=2e-4"]
+    """The skip decision needs a run's max_iters, and a run's name its variant: the scripts resolve a
+    config with train_config.resolve, as train.py does, and name the variant with variant_name."""
+    from train_config import resolve, variant_name
+    argv = ["config/xsa_1p4b.py", "--max_iters=1234", "--learning_rate=2e-4", "--xsa_gate=True"]
     keys = ["max_iters", "learning_rate", "batch_size", "block_size", "eval_interval", "lr_decay_iters", "min_lr"]
     proc = subprocess.run(["bash", "-c", 'source scripts/sweep_common.sh && resolve_config "$@"', "resolve",
-                           " ".join(keys), *argv], cwd=REPO, capture_output=True, text=True, timeout=60,
+                           " ".join(keys + ["variant"]), *argv], cwd=REPO, capture_output=True, text=True,
                           env=sweep_env())
     assert proc.returncode == 0, proc.stderr
-    cwd = os.getcwd()
-    os.chdir(REPO)
-    try:
-        config, _ = parse_config(read_defaults()[0], argv)
-    finally:
-        os.chdir(cwd)
-    assert proc.stdout.split() == [str(config[k]) for k in keys]
+    config, _ = resolve([os.path.join(REPO, a) if a.startswith("config/") else a for a in argv])
+    assert proc.stdout.split() == [str(config[k]) for k in keys] + [variant_name(config)]
+    assert proc.stdout.split()[-1] == "xsa_gate" and float(proc.stdout.split()[-2]) == 2e-5  # min_lr derived

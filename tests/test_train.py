@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import TRAINED_RUN, TRAINED_STEPS, micro_args, run_train
+from conftest import REPO, TRAINED_RUN, TRAINED_STEPS, micro_args, run_train
 from metrics import read_metrics
 from shards import list_shards, read_shard
 
@@ -131,3 +131,22 @@ def test_token_id_beyond_the_vocabulary_names_the_shard(data_dir, tmp_path, spli
     assert f"{shard}: token id 50400 at token 1234 is out of range for vocab_size 50304" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (out / "metrics.jsonl").exists()  # no step was taken
+
+
+def test_a_run_from_a_modified_tree_saves_the_diff(data_dir, tmp_path):
+    """The commit and the dirty flag do not reproduce a run of uncommitted code: the diff is saved too."""
+    import subprocess
+    import sys
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", REPO, str(clone)], check=True)
+    model_py = clone / "model.py"
+    model_py.write_text(model_py.read_text() + "\n# an uncommitted change\n")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "train.py", *micro_args(data_dir, str(out), max_iters=1, eval_interval=1)],
+                          cwd=clone, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    provenance = json.loads((out / "config.json").read_text())["provenance"]
+    assert provenance["git_dirty"] is True
+    diff = (out / "git.diff").read_text()
+    assert diff == subprocess.run(["git", "diff", "HEAD"], cwd=clone, capture_output=True, text=True).stdout
+    assert "+# an uncommitted change" in diff
