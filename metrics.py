@@ -50,13 +50,14 @@ class MetricsLogger:
         write_atomically(self.metrics_path, lambda f: f.write(kept.encode("utf-8")))
 
     def start_wandb(self, project, group, name, run_id, config):
-        """Start (or, with the checkpoint's run_id, continue) the wandb run."""
+        """Start (or, with the checkpoint's run_id, continue) the wandb run; its files go to
+        <out_dir>/wandb unless WANDB_DIR says otherwise."""
         if not self.enabled:
             return
         import wandb
-        self.wandb_run = wandb.init(project=project, group=group, name=name, id=run_id,
-                                    resume="allow", config=config,
-                                    tags=[config.get("attn_type", "")])
+        directory = os.environ.get("WANDB_DIR") or os.path.dirname(self.metrics_path)
+        self.wandb_run = wandb.init(project=project, group=group, name=name, id=run_id, dir=directory,
+                                    resume="allow", config=config, tags=[config.get("attn_type", "")])
 
     def log(self, record, jsonl=True):
         """Append one step's metrics (a dict with "step") to metrics.jsonl (unless jsonl=False) and wandb."""
@@ -72,6 +73,21 @@ class MetricsLogger:
     def finish(self):
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+def wandb_problem():
+    """Why wandb could not log from here, in one line, or None. Checked before anything is built: with no
+    API key wandb.init fails only after the model is, with a traceback."""
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return None  # no server, no key needed
+    try:
+        import wandb
+    except ImportError:
+        return "wandb_log=True, but wandb is not installed: pip install wandb, or pass --wandb_log=False"
+    if wandb.login(prompt=False, verify=False):  # an API key from WANDB_API_KEY, a settings file or ~/.netrc
+        return None
+    return ("wandb_log=True, but wandb has no API key here: run `wandb login` (or set WANDB_API_KEY), "
+            "log locally with WANDB_MODE=offline, or pass --wandb_log=False")
 
 
 def format_count(n):

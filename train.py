@@ -32,7 +32,7 @@ from checkpoint import Checkpointer, NonFiniteState, clean_run_dir, list_checkpo
 from configurator import ConfigError
 from dataloader import TrainLoader, val_sequences
 from files import DirectoryLock, DirectoryLocked, write_atomically
-from metrics import MetricsLogger, ThroughputMeter, format_count, format_duration
+from metrics import MetricsLogger, ThroughputMeter, format_count, format_duration, wandb_problem
 from model import GPT
 from optimizers import build_optimizer, set_hyperparameters
 from parallelize import clip_grad_norm, compile_summary, gradient_sync, is_sharded, parallelize
@@ -420,6 +420,8 @@ def run(argv):
     """The whole run; returns its exit status. An error that a relaunch cannot fix ends in one line."""
     try:
         c, _ = train_config.resolve(argv)
+        if c["wandb_log"] and (problem := wandb_problem()):
+            raise ConfigError(problem)
         runtime = setup_runtime(c["device"], c["backend"])
     except (ConfigError, DeviceError) as e:
         print(f"config error: {e}", file=sys.stderr, flush=True)

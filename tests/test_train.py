@@ -96,17 +96,17 @@ def test_wandb_offline_run_gets_config_and_resumed_run_keeps_its_id(data_dir, tm
     import torch
     from checkpoint import list_checkpoints
     out = str(tmp_path / "run")
-    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}  # its files go to <out_dir>/wandb
     settings = dict(max_iters=2, eval_interval=2, checkpoint_interval=1, wandb_log=True,
                     wandb_project="xsa-test", wandb_group="micro", wandb_run_name="sa_micro")
     run_train(micro_args(data_dir, out, **settings), env=env)
     run_id = torch.load(list_checkpoints(out)[-1], weights_only=True)["wandb_run_id"]
-    runs = [d for d in os.listdir(tmp_path / "wandb") if d.startswith("offline-run-")]
+    runs = [d for d in os.listdir(os.path.join(out, "wandb")) if d.startswith("offline-run-")]
     assert len(runs) == 1 and runs[0].endswith(run_id)
-    record = (tmp_path / "wandb" / runs[0] / f"run-{run_id}.wandb").read_bytes()
+    record = open(os.path.join(out, "wandb", runs[0], f"run-{run_id}.wandb"), "rb").read()
     assert b"attn_type" in record and b"train_loss" in record and b"val_loss" in record  # config and metrics
     run_train(micro_args(data_dir, out, init_from="resume", **{**settings, "max_iters": 3}), env=env)
-    runs = sorted(d for d in os.listdir(tmp_path / "wandb") if d.startswith("offline-run-"))
+    runs = sorted(d for d in os.listdir(os.path.join(out, "wandb")) if d.startswith("offline-run-"))
     assert len(runs) == 2 and all(r.endswith(run_id) for r in runs)  # the same wandb run continues
     assert torch.load(list_checkpoints(out)[-1], weights_only=True)["wandb_run_id"] == run_id
 
@@ -150,3 +150,20 @@ def test_a_run_from_a_modified_tree_saves_the_diff(data_dir, tmp_path):
     diff = (out / "git.diff").read_text()
     assert diff == subprocess.run(["git", "diff", "HEAD"], cwd=clone, capture_output=True, text=True).stdout
     assert "+# an uncommitted change" in diff
+
+
+def test_wandb_without_an_api_key_is_a_config_error_before_anything_is_built(data_dir, tmp_path):
+    """The paper configs log to wandb: with no key and no WANDB_MODE, one line saying what to do, exit 2
+    (train_forever.sh does not relaunch it), nothing written; WANDB_MODE=offline needs no key."""
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path / "home"), NETRC=str(tmp_path / "no_netrc"))
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "train.py", *micro_args(data_dir, str(out), wandb_log=True)], cwd=REPO,
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip() == ("config error: wandb_log=True, but wandb has no API key here: run `wandb login` "
+                                   "(or set WANDB_API_KEY), log locally with WANDB_MODE=offline, or pass "
+                                   "--wandb_log=False")
+    assert not out.exists()
