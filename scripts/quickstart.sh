@@ -8,8 +8,10 @@
 # The data: DATA_DIR, INPUT and MAX_TOKENS as in scripts/tiny_data.sh; small_study.sh uses the same
 # shards. Extra --key=value arguments go to both training runs (e.g. --max_iters=300). Each run keeps
 # only its newest checkpoint, in out/sa_tiny and out/xsa_tiny; the comparison is written to
-# out/quickstart/compare.md and compare.png. One seed of a model this small is not a result:
-# scripts/small_study.sh trains several seeds and gives the XSA - SA difference a confidence interval.
+# out/quickstart/compare.md and compare.png. Run again, it starts over: train.py moves the earlier
+# runs' files aside within those directories (--overwrite=True), it deletes nothing. One seed of a
+# model this small is not a result: scripts/small_study.sh trains several seeds and gives the
+# XSA - SA difference a confidence interval.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/launch_common.sh
@@ -22,7 +24,7 @@ tiny_data_command || exit 2
 tiny_data_prepare
 
 for attn_type in sa xsa; do
-    python train.py "config/${attn_type}_tiny.py" --data_dir="$TINY_DATA_DIR" --keep_checkpoints=1 "$@"
+    python train.py "config/${attn_type}_tiny.py" --data_dir="$TINY_DATA_DIR" --keep_checkpoints=1 --overwrite=True "$@"
 done
 
 python eval/compare.py out/sa_tiny out/xsa_tiny --out out/quickstart
@@ -51,5 +53,6 @@ def size(path):
 for run in runs:
     kept = list_checkpoints(run)
     print(f"quickstart: {run}: {len(kept)} checkpoint(s), {sum(map(size, kept)) / 1e6:.0f} MB "
-          f"({', '.join(os.path.basename(p) for p in kept)}), with the logs and metrics.jsonl")
+          f"({', '.join(os.path.basename(p) for p in kept)}); {size(run) / 1e6:.0f} MB in all, with the "
+          f"logs and the files of earlier runs")
 PY

@@ -28,15 +28,20 @@ def copy_repo(dest):
     return str(dest)
 
 
+def quickstart(repo, cwd, env, steps):
+    proc = subprocess.run(["bash", os.path.join(repo, "scripts", "quickstart.sh"), f"--max_iters={steps}",
+                           "--checkpoint_interval=2", f"--eval_interval={steps}", "--val_tokens=2048"], cwd=str(cwd),
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
 def test_quickstart_scores_a_small_val_split_and_says_what_its_result_rests_on(tmp_path):
     repo = copy_repo(tmp_path / "repo")
     shards = str(tmp_path / "shards")
     plays = os.path.join(repo, "tests", "fixtures", "corpus", "*.txt")
     env = dict(os.environ, DATA_DIR=shards, INPUT=plays, OMP_NUM_THREADS="2")
-    proc = subprocess.run(["bash", os.path.join(repo, "scripts", "quickstart.sh"), f"--max_iters={STEPS}",
-                           "--checkpoint_interval=2", "--eval_interval=4", "--val_tokens=2048"], cwd=str(tmp_path), env=env,
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = quickstart(repo, tmp_path, env, STEPS)
 
     # the val split is what the config scores (val_tokens, and the token after the last one scored)
     scored = config_value("config/sa_tiny.py", "val_tokens")
@@ -55,6 +60,20 @@ def test_quickstart_scores_a_small_val_split_and_says_what_its_result_rests_on(t
         assert [os.path.basename(p) for p in kept] == [f"ckpt_{STEPS:07d}.pt"]
         megabytes = os.path.getsize(kept[0]) / 1e6
         assert f"out/{run}: 1 checkpoint(s), {megabytes:.0f} MB (ckpt_{STEPS:07d}.pt)" in proc.stdout
+
+    # run again, it starts over, and the earlier runs' files are kept aside, not deleted
+    first = {run: os.path.getsize(os.path.join(repo, "out", run, f"ckpt_{STEPS:07d}.pt"))
+             for run in ("sa_tiny", "xsa_tiny")}
+    again = quickstart(repo, tmp_path, env, 2)
+    assert again.stdout.count("earlier run's files are moved to") == 2
+    for run in ("sa_tiny", "xsa_tiny"):
+        kept = glob.glob(os.path.join(repo, "out", run, "ckpt_*"))
+        assert [os.path.basename(p) for p in kept] == ["ckpt_0000002.pt"]
+        aside = glob.glob(os.path.join(repo, "out", run, "*", f"ckpt_{STEPS:07d}.pt"))
+        assert len(aside) == 1 and os.path.getsize(aside[0]) == first[run]
+        in_all = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(os.path.join(repo, "out", run))
+                     for f in files)
+        assert f"MB (ckpt_0000002.pt); {in_all / 1e6:.0f} MB in all" in again.stdout
 
     # the small study, given the same data, takes these shards as they are (one setting for both)
     study = subprocess.run([os.path.join(repo, "scripts", "small_study.sh")], capture_output=True, text=True,
