@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
-OPTIMIZERS = ("adamw", "muon")
+from train_config import OPTIMIZERS
 
 
 def is_hidden_matrix(name, p):

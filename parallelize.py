@@ -24,8 +24,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-PARALLELISMS = ("ddp", "fsdp")
-ACTIVATION_CHECKPOINTING = ("none", "block", "selective")
+from train_config import ACTIVATION_CHECKPOINTING, PARALLELISMS
 
 
 def checkpointed_blocks(n_layer, mode):

@@ -16,8 +16,11 @@ from typing import Literal
 
 from configurator import ConfigError, keys_of, parse_config
 from model import GPTConfig
-from optimizers import OPTIMIZERS
-from parallelize import ACTIVATION_CHECKPOINTING, PARALLELISMS
+
+# the choices of a few keys, which optimizers.py and parallelize.py also check
+OPTIMIZERS = ("adamw", "muon")
+PARALLELISMS = ("ddp", "fsdp")
+ACTIVATION_CHECKPOINTING = ("none", "block", "selective")
 
 
 @dataclass

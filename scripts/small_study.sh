@@ -36,11 +36,7 @@ fi
 sweep_pair tiny "" "--data_dir=$TINY_DATA_DIR"
 sweep_end
 
-runs=()
-for seed in "${SEED_LIST[@]}"; do
-    runs+=("$OUT_ROOT/small_study/sa_tiny${seed:+_seed$seed}" "$OUT_ROOT/small_study/xsa_tiny${seed:+_seed$seed}")
-done
-compare=("$PYTHON" eval/compare.py "${runs[@]}" --out "$OUT_ROOT/small_study")
+compare=("$PYTHON" eval/compare.py "${SWEEP_RUNS[@]/#/$OUT_ROOT/small_study/}" --out "$OUT_ROOT/small_study")
 if [[ -n $DRY_RUN ]]; then
     quote_command "${compare[@]}"
 else

@@ -3,8 +3,9 @@
 # A sweep script calls
 #     sweep_begin NAME GROUP "$@"      cd to the repo root, read the environment and the passthrough args
 #     sweep_pair SIZE SUFFIX --key=value ...
-#                                      the SA and the XSA run of one setting (once per seed)
-#     sweep_end                        wait for the runs, print a summary, fail if any run failed
+#                                      add the SA and the XSA run of one setting (once per seed)
+#     sweep_end                        start the runs, wait for them, print a summary, fail if any
+#                                      run failed; SWEEP_RUNS then holds their names
 #
 # Environment (every sweep):
 #   NPROC=N       processes (GPUs) per run, launched with torchrun --standalone --nproc_per_node=N;
@@ -79,7 +80,8 @@ sweep_begin() {
     SLOT_PID=()
     SLOT_RUN=()
     SWEEP_DISPATCHED=0  # for DRY_RUN's round-robin GPU assignment
-    RUNS_STARTED=() RUNS_SKIPPED=() RUNS_FAILED=()
+    PLANNED=() PLANNED_ARGS=()  # the runs sweep_run adds, for sweep_end to start
+    SWEEP_RUNS=() RUNS_STARTED=() RUNS_SKIPPED=() RUNS_FAILED=()  # their names, and what became of them
     trap sweep_interrupted INT TERM
 
     local where="one run at a time"
@@ -96,52 +98,71 @@ slot_nproc() {
     fi
 }
 
-# run_progress OUT_DIR CONFIG_FILE [--key=value ...]: "MAX_ITERS [STEP]", the max_iters the run
-# trains to (resolved as train.py resolves it) and the step of its newest checkpoint, if it has
-# one, as checkpoint.py names and lists them.
-run_progress() {
+# plan_runs SWEEP_DIR [--run NAME_TEMPLATE CONFIG_FILE --key=value ...] ...: for each run, one line
+# "NAME MAX_ITERS [STEP]": its name (the template with {variant} replaced by the attention variant of its
+# config, as train_config.variant_name spells it: sa, xsa, xsa_gate, xsa_last6, ...), the max_iters it
+# trains to (resolved as train.py resolves it) and the step of the newest checkpoint in
+# SWEEP_DIR/NAME, if it has one, as checkpoint.py names and lists them. One process for the whole
+# sweep: importing torch once, not once per run.
+plan_runs() {
     "$PYTHON" - "$@" <<'PY'
+import os
 import sys
 from checkpoint import checkpoint_step, list_checkpoints
 from configurator import ConfigError
-from train_config import resolve
-out_dir, argv = sys.argv[1], sys.argv[2:]
-try:
-    config, _ = resolve(argv)
-except ConfigError as e:
-    sys.exit(f"config error: {e}")
-steps = [checkpoint_step(path) for path in list_checkpoints(out_dir)]
-print(config["max_iters"], max(steps, default=""))
+from train_config import resolve, variant_name
+sweep_dir, argv = sys.argv[1], sys.argv[2:]
+runs, names = [], set()
+for arg in argv:
+    if arg == "--run":
+        runs.append([])
+    else:
+        runs[-1].append(arg)
+for template, *run_argv in runs:
+    try:
+        config, _ = resolve(run_argv)
+    except ConfigError as e:
+        sys.exit(f"config error: {template.format(variant='<variant>')}: {e}")
+    name = template.format(variant=variant_name(config))
+    if name in names:  # one out_dir for two runs: e.g. SA's config turned into XSA by an override
+        sys.exit(f"config error: two runs of this sweep are both {name} (same attention variant and settings)")
+    names.add(name)
+    steps = [checkpoint_step(path) for path in list_checkpoints(os.path.join(sweep_dir, name))]
+    print(name, config["max_iters"], max(steps, default=""))
 PY
 }
 
-# sweep_pair SIZE SUFFIX [--key=value ...]: the SA and XSA runs of one setting, named
-# sa_<SIZE><SUFFIX>[_seedS] and xsa_<SIZE><SUFFIX>[_seedS], from config/{sa,xsa}_<SIZE>.py.
+# sweep_pair SIZE SUFFIX [--key=value ...]: the SA and XSA runs of one setting (once per seed), from
+# config/{sa,xsa}_<SIZE>.py, named <variant>_<SIZE><SUFFIX>[_seedS] (sa_1p4b_lr2e-4, xsa_1p4b_lr2e-4, or
+# xsa_gate_1p4b_lr2e-4 with --xsa_gate=True).
 sweep_pair() {
     local size=$1 suffix=$2 seed attn
     shift 2
     for seed in "${SEED_LIST[@]}"; do
         for attn in sa xsa; do
-            sweep_run "${attn}_${size}${suffix}${seed:+_seed$seed}" "config/${attn}_${size}.py" \
-                "$@" ${seed:+"--seed=$seed"}
+            sweep_run "{variant}_${size}${suffix}${seed:+_seed$seed}" "config/${attn}_${size}.py" "$@" \
+                ${seed:+"--seed=$seed"}
         done
     done
 }
 
-# sweep_run NAME CONFIG_FILE [--key=value ...]: start (or resume, or skip) one run.
+# sweep_run NAME_TEMPLATE CONFIG_FILE [--key=value ...]: add one run to the sweep; sweep_end starts it
+# (or resumes it, or skips it). {variant} in the name stands for the run's attention variant.
 sweep_run() {
-    local name=$1 config=$2
-    shift 2
+    local config=$2
     [[ -f $config ]] || die "no config file $config"
+    PLANNED+=(--run "$1" "$config" "${@:3}" "${PASSTHROUGH[@]}")
+    PLANNED_ARGS+=("$(quote_command "$config" "${@:3}")")
+}
+
+# launch_run NAME MAX_ITERS STEP CONFIG_FILE [--key=value ...]: start, resume or skip one planned run.
+launch_run() {
+    local name=$1 max_iters=$2 step=$3 config=$4
+    shift 4
+    SWEEP_RUNS+=("$name")
     local out_dir="$OUT_ROOT/$SWEEP_NAME/$name"
     local args=("$config" "--out_dir=$out_dir" "--wandb_run_name=$name" "--wandb_group=$SWEEP_GROUP"
         "$@" "${PASSTHROUGH[@]}")
-
-    # the run's config, resolved as train.py will: a mistyped override fails here, before any run
-    # starts (and in a DRY_RUN), instead of in every run the sweep launches
-    local step max_iters
-    read -r max_iters step <<<"$(run_progress "$out_dir" "${args[@]}")"
-    [[ -n $max_iters ]] || die "$name: its config does not resolve (see above)"
     if [[ -n $step ]]; then
         if ((step >= max_iters)); then
             echo "# $name: skip (finished: checkpoint step $step >= max_iters $max_iters)"
@@ -233,7 +254,21 @@ sweep_interrupted() {
     exit 130
 }
 
+# sweep_end: resolve every planned run (a mistyped override fails here, before any run starts, and in a
+# DRY_RUN, instead of in every run the sweep launches), start them, wait for them, print a summary and
+# fail if any run failed. SWEEP_RUNS then holds the runs' names, in order.
 sweep_end() {
+    local plan=() line name max_iters step n=0 run_args
+    if ((${#PLANNED[@]})); then
+        plan=$(plan_runs "$OUT_ROOT/$SWEEP_NAME" "${PLANNED[@]}") || die "the sweep cannot run as asked (see above)"
+        mapfile -t plan <<<"$plan"
+    fi
+    for line in "${plan[@]}"; do
+        read -r name max_iters step <<<"$line"
+        eval "run_args=(${PLANNED_ARGS[n]})"  # quote_command's quoting, read back
+        n=$((n + 1))
+        launch_run "$name" "$max_iters" "$step" "${run_args[@]}"
+    done
     local i
     for i in "${!SLOTS[@]}"; do
         reap_slot "$i" wait || true

@@ -173,6 +173,14 @@ def test_optimizer_sweep_runs_sa_and_xsa_with_adamw_and_muon(tmp_path):
     assert proc.returncode == 2 and "sets --optimizer itself" in proc.stderr
 
 
+def test_a_sweep_refuses_two_runs_of_one_name(tmp_path):
+    """Run names spell each run's attention variant (train_config.variant_name): an override that makes
+    the SA config an XSA one would give both runs of a pair one name, one out_dir."""
+    proc = run_sweep("sweep_lr.sh", "--attn_type=xsa", check=False, DRY_RUN="1", OUT_ROOT=str(tmp_path), LRS="4e-4")
+    assert proc.returncode == 2 and "two runs of this sweep are both xsa_1p4b_lr4e-4" in proc.stderr
+    assert "train.py" not in proc.stdout
+
+
 def test_sinks_sweep_runs_0_1_and_4_sinks_at_1p4b(tmp_path):
     out_root = str(tmp_path)
     commands = dry_run("sweep_sinks.sh", OUT_ROOT=out_root)
