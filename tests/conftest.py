@@ -2,6 +2,7 @@
 
 import glob
 import os
+import re
 import sys
 
 import numpy as np
@@ -15,7 +16,14 @@ sys.path.insert(0, REPO)
 # the GPT-2 BPE files are downloaded by tiktoken on first use; an offline machine points
 # TIKTOKEN_CACHE_DIR at a copy of them before running the tests
 os.environ.setdefault("WANDB_MODE", "disabled")
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# the CPU threads of one test: the machine's cores shared among pytest-xdist's workers (more threads than
+# cores would have PyTorch's spinning OpenMP threads take each other's turns)
+CPU_THREADS = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+os.environ["OMP_NUM_THREADS"] = str(CPU_THREADS)
+# the malloc setting that scripts/launch_common.sh gives training on a CPU (it halves a micro run's
+# time), for the runs the tests start
+with open(os.path.join(REPO, "scripts", "launch_common.sh")) as f:
+    os.environ.setdefault("GLIBC_TUNABLES", re.search(r"^CPU_MALLOC_TUNABLES=(\S+)$", f.read(), re.M).group(1))
 
 EOT = 50256
 
@@ -79,7 +87,8 @@ def run_train(args, nproc=1, check=True, env=None):
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "train.py", *args]
-    full_env = dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else "2", **(env or {}))
+    full_env = dict(os.environ, OMP_NUM_THREADS=str(max(1, CPU_THREADS // nproc)),
+                    **(env or {}))
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=None if nproc == 1 else 3600,
                           env=full_env)
     if check and proc.returncode != 0:
@@ -94,11 +103,24 @@ TRAINED_STEPS = {"sa": 150, "xsa": 50}
 
 
 @pytest.fixture(scope="session")
-def trained_runs(tmp_path_factory, data_dir):
-    """Micro SA and XSA runs trained once for the session: {"sa": out_dir, "xsa": out_dir}."""
+def trained_runs(tmp_path_factory, data_dir, worker_id):
+    """Micro SA and XSA runs trained once for the session: {"sa": out_dir, "xsa": out_dir}. Under
+    pytest-xdist the first worker to ask trains them in the session's shared temp dir; the others wait
+    for it (a file lock) and read the same runs."""
+    import filelock
+    if worker_id == "master":  # one process: this session's own temp dir
+        return train_runs(tmp_path_factory.mktemp("trained_runs"), data_dir)
+    shared = tmp_path_factory.getbasetemp().parent / "trained_runs"  # unique to this session's workers
+    with filelock.FileLock(f"{shared}.lock"):
+        if not (shared / "done").exists():
+            train_runs(shared, data_dir)
+            (shared / "done").touch()
+    return {attn_type: str(shared / attn_type) for attn_type in TRAINED_STEPS}
+
+
+def train_runs(root, data_dir):
     runs = {}
     for attn_type, steps in TRAINED_STEPS.items():
-        out = str(tmp_path_factory.mktemp(f"run_{attn_type}"))
-        run_train(micro_args(data_dir, out, attn_type=attn_type, max_iters=steps, **TRAINED_RUN))
-        runs[attn_type] = out
+        runs[attn_type] = str(root / attn_type)
+        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, max_iters=steps, **TRAINED_RUN))
     return runs

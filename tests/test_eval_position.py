@@ -70,7 +70,9 @@ def test_cli_writes_tables_and_plot(trained_runs, data_dir, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "position_loss.json") as f:
         report = json.load(f)
-    assert report["num_sequences"] == 8 and report["data_dir"] == data_dir
+    with open(os.path.join(trained_runs["sa"], "config.json")) as f:
+        trained_on = json.load(f)["config"]["data_dir"]  # the session's shards (a parallel worker's copy of them)
+    assert report["num_sequences"] == 8 and report["data_dir"] == trained_on
     x, y = val_sequences(data_dir, MICRO["block_size"], 8 * MICRO["block_size"])
     for label, attn_type in (("SA", "sa"), ("XSA", "xsa")):
         result = report["models"][label]

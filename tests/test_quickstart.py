@@ -40,7 +40,7 @@ def test_quickstart_scores_a_small_val_split_and_says_what_its_result_rests_on(t
     repo = copy_repo(tmp_path / "repo")
     shards = str(tmp_path / "shards")
     plays = os.path.join(repo, "tests", "fixtures", "corpus", "*.txt")
-    env = dict(os.environ, DATA_DIR=shards, INPUT=plays, OMP_NUM_THREADS="2")
+    env = dict(os.environ, DATA_DIR=shards, INPUT=plays)
     proc = quickstart(repo, tmp_path, env, STEPS)
 
     # the val split is what the config scores (val_tokens, and the token after the last one scored)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from checkpoint import list_checkpoints, load_latest_checkpoint, prune_checkpoints, save_checkpoint
-from conftest import REPO, make_optimizer, micro_args, run_train
+from conftest import CPU_THREADS, REPO, make_optimizer, micro_args, run_train
 from metrics import read_metrics
 
 # dropout makes every step draw random numbers, so a lost RNG state would show in the losses
@@ -182,7 +182,7 @@ def test_train_forever_relaunches_after_a_crash(data_dir, tmp_path):
     settings = dict(RESUME, max_iters=30, lr_decay_iters=30, checkpoint_interval=3, eval_interval=100)
     full = str(tmp_path / "full")
     run_train(micro_args(data_dir, full, **settings))
-    env = dict(os.environ, MAX_RESTARTS="3", NPROC="1", RESTART_DELAY="0", OMP_NUM_THREADS="2")
+    env = dict(os.environ, MAX_RESTARTS="3", NPROC="1", RESTART_DELAY="0")
     wrapper = subprocess.Popen(["bash", "scripts/train_forever.sh", *micro_args(data_dir, out, **settings)],
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
@@ -387,7 +387,7 @@ def start_train(args, nproc=1, env=None):
     cmd = [sys.executable, "train.py"] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
     return subprocess.Popen(cmd + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else "2", **(env or {})))
+                            env=dict(os.environ, OMP_NUM_THREADS=str(max(1, CPU_THREADS // nproc)), **(env or {})))
 
 
 @pytest.fixture(scope="module")

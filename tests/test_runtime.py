@@ -1,5 +1,7 @@
 """runtime.py: the device a process picks (CUDA checked with a faked GPU count), per-interval peak memory."""
 
+import mmap
+
 import numpy as np
 import pytest
 import torch
@@ -53,9 +55,14 @@ def test_peak_memory_is_reset_for_each_interval():
     """A large allocation freed before the reset is not part of the next interval's peak."""
     runtime.reset_peak_memory("cpu")
     baseline = runtime.peak_memory_gb("cpu")
-    block = np.ones(400_000_000 // 8)  # 0.4 GB, touched
+    # 0.4 GB of fresh pages, touched: mapped here rather than taken from malloc, which may hand back
+    # memory the process already holds (resident, so not a new peak)
+    block = mmap.mmap(-1, 400_000_000)
+    pages = np.frombuffer(block, dtype=np.uint8)
+    pages[:] = 1
     with_block = runtime.peak_memory_gb("cpu")
-    del block
+    del pages
+    block.close()
     assert with_block > baseline + 0.35
     assert runtime.peak_memory_gb("cpu") == pytest.approx(with_block, abs=0.01)  # a peak outlives the memory
     runtime.reset_peak_memory("cpu")

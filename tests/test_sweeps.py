@@ -320,7 +320,7 @@ def test_interrupted_sweep_resumes_unfinished_runs_and_skips_finished_ones(tmp_p
     micro = [a for a in micro_args(data_dir, "unused", max_iters=max_iters, checkpoint_interval=2,
                                    eval_interval=4, val_tokens=1024)
              if not a.startswith(("--out_dir=", "--learning_rate="))]  # the sweep sets these
-    env = sweep_env(OUT_ROOT=out_root, SIZE="tiny", LRS="1e-3", OMP_NUM_THREADS="2")
+    env = sweep_env(OUT_ROOT=out_root, SIZE="tiny", LRS="1e-3")
     sa_dir, xsa_dir = (os.path.join(out_root, "sweep_lr", f"{a}_tiny_lr1e-3") for a in ("sa", "xsa"))
 
     # 1. SA finishes; XSA is stopped (SIGTERM to the sweep, as from a scheduler) after its first checkpoint
