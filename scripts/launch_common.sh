@@ -42,15 +42,6 @@ default_nproc() {
     fi
 }
 
-# Without a GPU, training runs on the CPU, where glibc's malloc serves each large tensor (the logits
-# alone are tokens x 50,304 floats) with fresh pages from mmap and unmaps them when it is freed, so the
-# kernel faults in and zeroes those pages again every step: half the time of a tiny config's step. Keep
-# large blocks on the heap instead (a setting read at process start; one already set is kept).
-CPU_MALLOC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_threshold=4294967295
-if [[ -z ${GLIBC_TUNABLES:-} && $(count_gpus) == 0 ]]; then
-    export GLIBC_TUNABLES=$CPU_MALLOC_TUNABLES
-fi
-
 # train_command N: TRAIN_COMMAND, what starts train.py in N processes on this machine. torchrun's
 # --standalone picks a free rendezvous port, so runs side by side do not collide.
 train_command() {

@@ -2,8 +2,8 @@
 # The small study that fits a CPU: SA vs XSA on the tiny configs (config/{sa,xsa}_tiny.py: 4 layers,
 # width 128, 0.8M non-embedding parameters, 120 steps of 2,048 tokens) over several seeds, ending with
 # eval/compare.py's table: the final validation losses and the mean, std and 95% confidence interval
-# of the XSA - SA difference paired by seed. A run takes about 3 minutes on 2 idle CPU cores, so the
-# default 3 seeds x 2 take about 20 minutes. It checks the pipeline end to end and shows the seed noise;
+# of the XSA - SA difference paired by seed. A run takes under 2 minutes on 2 idle CPU cores, so the
+# default 3 seeds x 2 take about 10 minutes. It checks the pipeline end to end and shows the seed noise;
 # it says little about the paper's claim, which is about 0.7B-2.7B models trained on 100B tokens, while
 # models of a few million parameters often differ by noise alone (hence several seeds; docs/paper.md).
 #

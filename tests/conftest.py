@@ -2,7 +2,6 @@
 
 import glob
 import os
-import re
 import sys
 
 import numpy as np
@@ -20,10 +19,6 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 # cores would have PyTorch's spinning OpenMP threads take each other's turns)
 CPU_THREADS = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 os.environ["OMP_NUM_THREADS"] = str(CPU_THREADS)
-# the malloc setting that scripts/launch_common.sh gives training on a CPU (it halves a micro run's
-# time), for the runs the tests start
-with open(os.path.join(REPO, "scripts", "launch_common.sh")) as f:
-    os.environ.setdefault("GLIBC_TUNABLES", re.search(r"^CPU_MALLOC_TUNABLES=(\S+)$", f.read(), re.M).group(1))
 
 EOT = 50256
 

@@ -1,5 +1,6 @@
 """runtime.py: the device a process picks (CUDA checked with a faked GPU count), per-interval peak memory."""
 
+import ctypes
 import mmap
 
 import numpy as np
@@ -67,3 +68,23 @@ def test_peak_memory_is_reset_for_each_interval():
     assert runtime.peak_memory_gb("cpu") == pytest.approx(with_block, abs=0.01)  # a peak outlives the memory
     runtime.reset_peak_memory("cpu")
     assert runtime.peak_memory_gb("cpu") < with_block - 0.35
+
+
+class MallInfo2(ctypes.Structure):
+    """glibc's struct mallinfo2: malloc's own account of its memory."""
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def test_on_the_cpu_large_tensors_reuse_mallocs_heap_instead_of_fresh_mmaps():
+    """Else every step's logits come from a new mmap whose pages the kernel zeroes again (runtime.py)."""
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        pytest.skip("not glibc 2.33 or newer")
+    mallinfo2.restype = MallInfo2
+    pick_device("cpu")
+    before = mallinfo2().hblkhd  # bytes in blocks that have a mapping of their own
+    block = torch.ones(100_000_000, dtype=torch.uint8)  # far above malloc's default 32 MB mmap threshold
+    assert mallinfo2().hblkhd - before < 1_000_000 and mallinfo2().arena >= 100_000_000
+    del block
