@@ -133,8 +133,8 @@ PY
 }
 
 # sweep_pair SIZE SUFFIX [--key=value ...]: the SA and XSA runs of one setting (once per seed), from
-# config/{sa,xsa}_<SIZE>.py, named <variant>_<SIZE><SUFFIX>[_seedS] (sa_1p4b_lr2e-4, xsa_1p4b_lr2e-4, or
-# xsa_gate_1p4b_lr2e-4 with --xsa_gate=True).
+# config/{sa,xsa}_<SIZE>.py, named <variant>_<SIZE><SUFFIX>[_seedS], the variant as
+# train_config.variant_name spells it (sa_1p4b_lr2e-4 and xsa_1p4b_lr2e-4).
 sweep_pair() {
     local size=$1 suffix=$2 seed attn
     shift 2

@@ -82,8 +82,7 @@ def run_train(args, nproc=1, check=True, env=None):
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "train.py", *args]
-    full_env = dict(os.environ, OMP_NUM_THREADS=str(max(1, CPU_THREADS // nproc)),
-                    **(env or {}))
+    full_env = dict(os.environ, OMP_NUM_THREADS=str(max(1, CPU_THREADS // nproc)), **(env or {}))
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=None if nproc == 1 else 3600,
                           env=full_env)
     if check and proc.returncode != 0:
