@@ -87,15 +87,19 @@ def reuse_freed_memory():
     """On the CPU, glibc's malloc serves each large tensor (the logits alone are tokens x 50,304 floats)
     with fresh pages from mmap and unmaps them when the tensor is freed, so the kernel faults in and
     zeroes the same memory again every step: half the step time of the tiny configs. Have malloc keep
-    large blocks on its heap and reuse them instead; the resident set then stays near its peak. A
-    no-op where the C library is not glibc."""
+    large blocks on its heap and reuse them instead; the resident set then stays near its peak. Returns
+    whether it could: not where the C library is not glibc, nor with a glibc older than 2.35, which
+    caps the threshold at 32 MiB (then malloc is left as it was: its dynamic threshold is better than
+    a fixed one that low)."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
-        return
+        return False
     largest = ctypes.c_int(2**31 - 1)
-    mallopt(-3, largest)  # M_MMAP_THRESHOLD: blocks this large or larger would get their own mmap
-    mallopt(-1, largest)  # M_TRIM_THRESHOLD: free memory at the heap's top is returned beyond this
+    if not mallopt(-3, largest):  # M_MMAP_THRESHOLD: blocks this large or larger get their own mmap
+        return False
+    mallopt(-1, largest)  # M_TRIM_THRESHOLD: free memory at the heap's top beyond this goes back to the OS
+    return True
 
 
 def setup_runtime(device="auto", backend="auto"):

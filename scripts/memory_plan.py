@@ -179,7 +179,9 @@ def measure_peak(c):
     device = pick_device(c["device"])
     device_type, dtype = plan_target(c, measuring=True)
     if device_type == "cpu" and sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: large blocks are mmap'ed, unmapped on free
+        libc = ctypes.CDLL("libc.so.6")  # undo runtime.reuse_freed_memory: a freed tensor must leave the resident set
+        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: large blocks are mmap'ed, unmapped on free
+        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD: glibc's default
 
     def resident():
         if device_type == "cuda":

@@ -36,7 +36,11 @@ fi
 sweep_pair tiny "" "--data_dir=$TINY_DATA_DIR"
 sweep_end
 
-compare=("$PYTHON" eval/compare.py "${SWEEP_RUNS[@]/#/$OUT_ROOT/small_study/}" --out "$OUT_ROOT/small_study")
+runs=()
+for name in "${SWEEP_RUNS[@]}"; do
+    runs+=("$OUT_ROOT/small_study/$name")
+done
+compare=("$PYTHON" eval/compare.py "${runs[@]}" --out "$OUT_ROOT/small_study")
 if [[ -n $DRY_RUN ]]; then
     quote_command "${compare[@]}"
 else

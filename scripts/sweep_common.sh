@@ -256,7 +256,8 @@ sweep_interrupted() {
 
 # sweep_end: resolve every planned run (a mistyped override fails here, before any run starts, and in a
 # DRY_RUN, instead of in every run the sweep launches), start them, wait for them, print a summary and
-# fail if any run failed. SWEEP_RUNS then holds the runs' names, in order.
+# fail if any run failed. SWEEP_RUNS then holds the runs' names, in order. Whether a run starts, resumes
+# or is skipped is decided here, from the checkpoints there are when the sweep starts.
 sweep_end() {
     local plan=() line name max_iters step n=0 run_args
     if ((${#PLANNED[@]})); then

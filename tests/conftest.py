@@ -2,6 +2,7 @@
 
 import glob
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -17,13 +18,27 @@ sys.path.insert(0, REPO)
 os.environ.setdefault("WANDB_MODE", "disabled")
 # the CPU threads of one test: the machine's cores shared among pytest-xdist's workers (more threads than
 # cores would have PyTorch's spinning OpenMP threads take each other's turns)
-CPU_THREADS = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+CPU_THREADS = max(1, CORES // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 os.environ["OMP_NUM_THREADS"] = str(CPU_THREADS)
 
 EOT = 50256
 
 # one micro model for every test that trains: small enough for a 2-core CPU
 MICRO = dict(n_layer=2, n_head=2, n_embd=32, head_dim=16, block_size=32, vocab_size=50304)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """-n auto: a worker per core, but no more workers than test files asked for (a file's tests share
+    a worker), so that no core goes to a worker without work."""
+    files = set()
+    for arg in config.args:
+        path = arg.split("::")[0]
+        if os.path.isdir(path):
+            files.update(glob.glob(os.path.join(path, "**", "test_*.py"), recursive=True))
+        elif os.path.isfile(path):
+            files.add(path)
+    return max(1, min(CORES, len(files) or CORES))
 
 
 @pytest.fixture(scope="session")
@@ -107,6 +122,7 @@ def trained_runs(tmp_path_factory, data_dir, worker_id):
     shared = tmp_path_factory.getbasetemp().parent / "trained_runs"  # unique to this session's workers
     with filelock.FileLock(f"{shared}.lock"):
         if not (shared / "done").exists():
+            shutil.rmtree(shared, ignore_errors=True)  # a worker's failed attempt: train again, fail alike
             train_runs(shared, data_dir)
             (shared / "done").touch()
     return {attn_type: str(shared / attn_type) for attn_type in TRAINED_STEPS}
