@@ -59,11 +59,11 @@ def keys_of(*sections):
     keys = {}
     for section in sections:
         docs, hints = field_docs(section), typing.get_type_hints(section)
+        title = (inspect.getdoc(section) or section.__name__).splitlines()[0]
         for f in fields(section):
             if f.name not in docs:
                 raise TypeError(f"{section.__name__}.{f.name} has no line under Attributes: in its docstring")
             default = f.default if f.default is not MISSING else f.default_factory()
-            title = (inspect.getdoc(section) or section.__name__).splitlines()[0]
             keys[f.name] = Key(f.name, default, hints[f.name], docs[f.name], title)
     return keys
 
@@ -207,11 +207,3 @@ def parse_config(keys, argv, prog="train.py"):
     return config, config_files
 
 
-def load_config(keys, argv=None, prog=None):
-    """parse_config for an entry point: on a bad config, print one line and exit with status 2."""
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        return parse_config(keys, argv, prog or os.path.basename(sys.argv[0]))
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)

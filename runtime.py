@@ -91,15 +91,21 @@ def reuse_freed_memory():
     whether it could: not where the C library is not glibc, nor with a glibc older than 2.35, which
     caps the threshold at 32 MiB (then malloc is left as it was: its dynamic threshold is better than
     a fixed one that low)."""
+    largest = 2**31 - 1
+    return set_malloc_thresholds(mmap_bytes=largest, trim_bytes=largest)
+
+
+def set_malloc_thresholds(mmap_bytes, trim_bytes):
+    """glibc's M_MMAP_THRESHOLD (blocks this large or larger get their own mmap, unmapped when freed) and
+    M_TRIM_THRESHOLD (free memory at the heap's top beyond this goes back to the OS). Returns whether
+    malloc took them; the trim threshold is set only once it took the mmap one. False without glibc."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
         return False
-    largest = ctypes.c_int(2**31 - 1)
-    if not mallopt(-3, largest):  # M_MMAP_THRESHOLD: blocks this large or larger get their own mmap
+    if not mallopt(-3, ctypes.c_int(mmap_bytes)):  # M_MMAP_THRESHOLD
         return False
-    mallopt(-1, largest)  # M_TRIM_THRESHOLD: free memory at the heap's top beyond this goes back to the OS
-    return True
+    return bool(mallopt(-1, ctypes.c_int(trim_bytes)))  # M_TRIM_THRESHOLD
 
 
 def setup_runtime(device="auto", backend="auto"):

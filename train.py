@@ -39,6 +39,7 @@ from parallelize import clip_grad_norm, compile_summary, gradient_sync, is_shard
 from runtime import (DeviceError, StopSignals, autocast, enable_tf32, git_diff, peak_flops, peak_memory_gb,
                      provenance, reset_peak_memory, resolve_dtype, setup_runtime, teardown_runtime)
 
+
 class TrainingStopped(RuntimeError):
     """A condition under which continuing would waste compute or corrupt the run."""
 

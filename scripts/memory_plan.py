@@ -169,19 +169,16 @@ def measure_peak(c):
     process, above what was in use before the model was built. CPU: resident set size (the
     high-water mark reset after setup), with freed tensors returned to the OS at once; CUDA: the
     allocator's peak."""
-    import ctypes
     import torch
     from train_config import model_config
     from model import GPT
     from optimizers import build_optimizer
     from parallelize import apply_activation_checkpointing
-    from runtime import autocast, pick_device
+    from runtime import autocast, pick_device, set_malloc_thresholds
     device = pick_device(c["device"])
     device_type, dtype = plan_target(c, measuring=True)
-    if device_type == "cpu" and sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6")  # undo runtime.reuse_freed_memory: a freed tensor must leave the resident set
-        libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: large blocks are mmap'ed, unmapped on free
-        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD: glibc's default
+    if device_type == "cpu":  # undo runtime.reuse_freed_memory: a freed tensor must leave the resident set
+        set_malloc_thresholds(mmap_bytes=64 * 1024, trim_bytes=128 * 1024)  # large blocks mmap'ed; glibc's trim
 
     def resident():
         if device_type == "cuda":
