@@ -88,7 +88,7 @@ for compile, report in bench.items():
         mem = "n/a" if r["peak_mem_gb"] is None else f"{r['peak_mem_gb']:.1f} GB"
         mem_ratio = "n/a" if r["memory_ratio"] is None else f"{r['memory_ratio']:.3f}"
         graphs = f"{r['graphs']} / {r['graph_breaks']}" if compile == "True" else "-"
-        lines.append(f"| {name} | {'on' if compile == 'True' else 'off'} | {r['ms_per_step']:.1f} | "
+        lines.append(f"| {name} | {'on' if compile == 'True' else 'off'} | {r['ms_per_step']:.2f} | "
                      f"{r['tokens_per_sec']:,.0f} | {mfu} | {mem} | {r['throughput_ratio']:.3f} | {mem_ratio} | {graphs} |")
 ortho = bench["True"]["xsa_orthogonality"]
 lines += ["", f"- SDPA backend: {bench['True']['sdpa_backend']}",
