@@ -23,6 +23,8 @@ CPU_THREADS = max(1, CORES // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1
 os.environ["OMP_NUM_THREADS"] = str(CPU_THREADS)
 
 EOT = 50256
+# time limits in tests only end hangs: an hour is far beyond any correct run on a busy machine
+HANG_GUARD_S = 3600
 
 # one micro model for every test that trains: small enough for a 2-core CPU
 MICRO = dict(n_layer=2, n_head=2, n_embd=32, head_dim=16, block_size=32, vocab_size=50304)
@@ -89,8 +91,7 @@ def make_optimizer(model, **overrides):
 
 def run_train(args, nproc=1, check=True, env=None):
     """Run train.py (or torchrun with nproc processes) from the repo root; returns CompletedProcess.
-    No time limit on one process, which cannot hang; a deadlock between processes ends after an hour,
-    far beyond any correct run on a busy machine."""
+    No time limit on one process, which cannot hang; a deadlock between processes ends after HANG_GUARD_S."""
     import subprocess
     if nproc == 1:
         cmd = [sys.executable, "train.py", *args]
@@ -98,7 +99,7 @@ def run_train(args, nproc=1, check=True, env=None):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "train.py", *args]
     full_env = dict(os.environ, OMP_NUM_THREADS=str(max(1, CPU_THREADS // nproc)), **(env or {}))
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=None if nproc == 1 else 3600,
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=None if nproc == 1 else HANG_GUARD_S,
                           env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

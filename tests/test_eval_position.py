@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import load_model
-from conftest import MICRO, REPO, micro_args, run_train
+from conftest import HANG_GUARD_S, MICRO, REPO, micro_args, run_train
 from dataloader import val_sequences
 from eval.position_loss import bucket_losses, position_losses
 
@@ -66,7 +66,7 @@ def test_cli_writes_tables_and_plot(trained_runs, data_dir, tmp_path):
     proc = subprocess.run(
         [sys.executable, "eval/position_loss.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
          "--num_sequences", "8", "--buckets", "4", "--device", "cpu", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "position_loss.json") as f:
         report = json.load(f)
@@ -97,7 +97,7 @@ def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, 
     proc = subprocess.run(
         [sys.executable, "eval/position_loss.py", trained_runs["sa"], "--labels", "SA", "--data_dir", str(other),
          "--num_sequences", "8", "--device", "cpu", "--out", str(tmp_path / "out")],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "out" / "position_loss.json") as f:
         report = json.load(f)
@@ -122,7 +122,7 @@ def test_sequences_longer_than_a_models_context_are_refused_in_one_line(trained_
                              val_tokens=1024))
         args, source = [longer, trained_runs["sa"]], "the first checkpoint's block_size 64"
     proc = subprocess.run([sys.executable, "eval/position_loss.py", *args, "--num_sequences", "2", "--device", "cpu",
-                           "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 3
     assert proc.stderr.strip().splitlines() == [f"{source} is longer than the context of {trained_runs['sa']} "
                                                  f"({MICRO['block_size']} tokens); use --block_size "

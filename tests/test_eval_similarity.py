@@ -25,7 +25,7 @@ import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from checkpoint import list_checkpoints, load_model, save_sharded_checkpoint
-from conftest import MICRO, REPO
+from conftest import HANG_GUARD_S, MICRO, REPO
 from dataloader import val_sequences
 from eval import common
 from eval.similarity import QUANTITIES, similarity_stats, stats_over_batches
@@ -164,7 +164,7 @@ def test_cli_writes_every_layer_and_a_plot(trained_runs, data_dir, tmp_path):
     proc = subprocess.run(
         [sys.executable, "eval/similarity.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
          "--num_sequences", "6", "--batch_size", "4", "--device", "cpu", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "similarity.json") as f:
         report = json.load(f)
@@ -197,7 +197,7 @@ def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, 
     proc = subprocess.run(
         [sys.executable, "eval/similarity.py", trained_runs["sa"], "--labels", "SA", "--data_dir", other_data_dir,
          "--num_sequences", "4", "--device", "cpu", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "similarity.json") as f:
         stats = json.load(f)["models"]["SA"]
@@ -299,7 +299,7 @@ def test_scripts_exit_with_one_line_naming_the_checkpoint(trained_runs, bad_chec
     checkpoints = [path] if script == "sample.py" else [trained_runs["xsa"], path]
     proc = subprocess.run([sys.executable, f"eval/{script}", *checkpoints, "--device", "cpu"]
                           + ([] if script == "sample.py" else ["--num_sequences", "2", "--out", str(tmp_path)]),
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 3
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr  # one line, no traceback
     assert proc.stderr.startswith(f"cannot load checkpoint {path}: ") and reason in proc.stderr
@@ -342,7 +342,7 @@ def test_an_out_that_cannot_be_written_is_named_in_one_line(trained_runs, tmp_pa
         out = request.getfixturevalue("read_only_dir")
     args = [trained_runs["sa"]] if script == "compare.py" else [trained_runs["sa"], "--device", "cpu"]
     proc = subprocess.run([sys.executable, f"eval/{script}", *args, "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr  # one line, before any work
     if case == "a file":
@@ -374,7 +374,7 @@ def run_on_terminal(args):
             break
         received += chunk
     os.close(controller)
-    stdout, _ = proc.communicate(timeout=300)
+    stdout, _ = proc.communicate(timeout=HANG_GUARD_S)
     return proc.returncode, stdout, received.decode(errors="replace")
 
 

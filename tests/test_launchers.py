@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import REPO, micro_args
+from conftest import HANG_GUARD_S, REPO, micro_args
 from metrics import read_metrics
 from test_sweeps import dry_run
 
@@ -222,7 +222,7 @@ def events(env, kind=None):
     return [e for e in found if kind is None or e["event"] == kind]
 
 
-def wait_until(condition, what, timeout=600):
+def wait_until(condition, what, timeout=HANG_GUARD_S):
     deadline = time.time() + timeout
     while not condition():
         assert time.time() < deadline, f"timed out waiting for {what}"
@@ -268,7 +268,7 @@ def forever(env, *args, **extra):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def finish(proc, timeout=600):
+def finish(proc, timeout=HANG_GUARD_S):
     try:
         return proc.communicate(timeout=timeout)[0]
     finally:
@@ -289,7 +289,7 @@ def assert_nothing_left(env):
 
 def test_help_shows_its_own_settings_then_train_py_keys():
     proc = subprocess.run(["bash", FOREVER, "config/sa_tiny.py", "--help"], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr
     for setting in ("NPROC", "MAX_RESTARTS", "RESTART_DELAY", "TRAIN_EXIT_STATUS_FILE"):
         assert setting in proc.stdout
@@ -417,7 +417,7 @@ def test_a_bad_process_count_is_a_config_error(fakes):
 
 def submit(env, *args, **extra):
     proc = subprocess.run(["sbatch", SLURM, *args], env={**env, **extra}, cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=HANG_GUARD_S)
     return proc, proc.stdout + proc.stderr
 
 
@@ -512,7 +512,7 @@ def real_env(**extra):
 
 def test_real_config_error_under_torchrun_stops_after_one_launch():
     proc = subprocess.run(["bash", FOREVER, "config/sa_tiny.py", "--batch_size=0"], capture_output=True,
-                          text=True, timeout=3600, env=real_env(NPROC="2", MAX_RESTARTS="2"))
+                          text=True, timeout=HANG_GUARD_S, env=real_env(NPROC="2", MAX_RESTARTS="2"))
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "restarting" not in proc.stdout
 
@@ -527,7 +527,7 @@ def test_real_ctrl_c_under_torchrun_checkpoints_and_stops(tmp_path, data_dir):
         leader = launch_leader(proc.pid)
         ranks = descendants(leader)
         proc.send_signal(signal.SIGINT)
-        output = finish(proc, timeout=3600)
+        output = finish(proc, timeout=HANG_GUARD_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -551,7 +551,7 @@ def test_real_ranks_of_a_killed_torchrun_are_gone_before_the_relaunch(tmp_path, 
         log = os.path.join(out_dir, "train.log")
         wait_until(lambda: open(log).read().count("resuming from") == 1, "the relaunched run to resume", 3600)
         assert not any(alive(pid) for pid in ranks), "the killed torchrun's ranks outlived it"
-        output = finish(proc, timeout=3600)
+        output = finish(proc, timeout=HANG_GUARD_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 import tiktoken
 
-from conftest import CORPUS, EOT, REPO
+from conftest import CORPUS, EOT, HANG_GUARD_S, REPO
 from files import DirectoryLock
 from shards import read_header, read_shard, write_shard
 
@@ -52,7 +52,7 @@ def load_script(name):
 
 def run_prepare(*args, check=True):
     result = subprocess.run([sys.executable, PREPARE, *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                            timeout=120)
+                            timeout=HANG_GUARD_S)
     if check:
         assert result.returncode == 0, result.stderr
     return result
@@ -380,14 +380,14 @@ def test_killed_the_moment_each_shard_appears_resumes_to_identical_shards(docs, 
         seen = shard_inodes(out_dir)
         with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
             proc = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=err)
-        new, deadline = {}, time.time() + 60
+        new, deadline = {}, time.time() + HANG_GUARD_S
         while not new and proc.poll() is None:
             assert time.time() < deadline, "prepare.py hangs"
             time.sleep(0.0002)  # short: the window before the manifest update is a few fsyncs long
             new = {n: i for n, i in shard_inodes(out_dir).items() if seen.get(n) != i}
         if new:
             proc.kill()
-        proc.wait(timeout=60)
+        proc.wait(timeout=HANG_GUARD_S)
         for name, inode in new.items():
             assert first_inode.setdefault(name, inode) == inode, f"{name} was written again"
         if proc.returncode == 0:
@@ -396,7 +396,7 @@ def test_killed_the_moment_each_shard_appears_resumes_to_identical_shards(docs, 
         kills += 1
         listed = listed_shards(out_dir)  # there is a manifest once there is a shard, whenever the kill landed
         assert listed[:len(listed_before)] == listed_before
-        deadline = time.time() + 10
+        deadline = time.time() + HANG_GUARD_S
         while prepare_processes(out_dir):
             assert time.time() < deadline, "a worker of the killed run lives on"
             time.sleep(0.01)
@@ -730,7 +730,7 @@ HUB_DOWN = {  # offline mode, and a Hub that refuses connections (the retries wo
 def run_without_hub(cmd, hub, tmp_path, **env):
     env = {**os.environ, **HUB_DOWN[hub], "HF_HOME": str(tmp_path / "hf_home"), **env}  # no cached Hub files either
     t0 = time.time()
-    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     return result, time.time() - t0
 
 
@@ -757,7 +757,7 @@ def test_prepare_without_the_bpe_files_says_to_set_tiktoken_cache_dir(tmp_path):
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"), "HTTPS_PROXY": proxy, "https_proxy": proxy,
            "NO_PROXY": "", "no_proxy": ""}
     result = subprocess.run([sys.executable, PREPARE, "--input", CORPUS[0], "--out_dir", str(tmp_path / "out")],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "TIKTOKEN_CACHE_DIR" in result.stderr.strip().splitlines()[-1]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from checkpoint import list_checkpoints, load_latest_checkpoint, prune_checkpoints, save_checkpoint
-from conftest import CPU_THREADS, REPO, make_optimizer, micro_args, run_train
+from conftest import CPU_THREADS, HANG_GUARD_S, REPO, make_optimizer, micro_args, run_train
 from metrics import read_metrics
 
 # dropout makes every step draw random numbers, so a lost RNG state would show in the losses
@@ -65,7 +65,7 @@ def test_sigkill_after_first_checkpoint_then_resume(data_dir, tmp_path):
     out = str(tmp_path / "killed")
     proc = subprocess.Popen([sys.executable, "train.py", *micro_args(data_dir, out, **settings)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
+    deadline = time.time() + HANG_GUARD_S
     while not list_checkpoints(out) and time.time() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, "the run finished before it could be killed"
@@ -185,7 +185,7 @@ def test_train_forever_relaunches_after_a_crash(data_dir, tmp_path):
     env = dict(os.environ, MAX_RESTARTS="3", NPROC="1", RESTART_DELAY="0")
     wrapper = subprocess.Popen(["bash", "scripts/train_forever.sh", *micro_args(data_dir, out, **settings)],
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
+    deadline = time.time() + HANG_GUARD_S
     while not list_checkpoints(out) and time.time() < deadline:
         time.sleep(0.05)
     victims = training_processes(out)

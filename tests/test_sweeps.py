@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import REPO, micro_args
+from conftest import HANG_GUARD_S, REPO, micro_args
 from metrics import read_metrics
 
 SCRIPTS = ["sweep_lr.sh", "sweep_seqlen.sh", "sweep_sinks.sh", "sweep_sizes.sh", "sweep_optimizer.sh",
@@ -27,7 +27,7 @@ def sweep_env(**env):
     return {**clean, "PYTHON": sys.executable, "NPROC": "1", **env}
 
 
-def run_sweep(script, *args, check=True, timeout=300, **env):
+def run_sweep(script, *args, check=True, timeout=HANG_GUARD_S, **env):
     proc = subprocess.run([os.path.join(REPO, "scripts", script), *args], capture_output=True, text=True,
                           timeout=timeout, env=sweep_env(**env), cwd="/")  # the scripts find the repo themselves
     if check and proc.returncode != 0:
@@ -327,13 +327,13 @@ def test_interrupted_sweep_resumes_unfinished_runs_and_skips_finished_ones(tmp_p
     sweep = subprocess.Popen([os.path.join(REPO, "scripts", "sweep_lr.sh"), *micro], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        deadline = time.time() + 240
+        deadline = time.time() + HANG_GUARD_S
         while newest_step(xsa_dir) is None:
             assert sweep.poll() is None, f"sweep ended early:\n{sweep.stdout.read()}"
             assert time.time() < deadline, "no XSA checkpoint in time"
             time.sleep(0.05)
         sweep.send_signal(signal.SIGTERM)
-        output = sweep.communicate(timeout=60)[0]
+        output = sweep.communicate(timeout=HANG_GUARD_S)[0]
     finally:
         if sweep.poll() is None:
             os.killpg(sweep.pid, signal.SIGKILL)
