@@ -34,11 +34,13 @@ MAX_RESTARTS=${MAX_RESTARTS:-10}
 train_command "$(default_nproc)" || exit 2
 
 leader=      # the running launch's first process: torchrun, or train.py itself
+delay=       # the sleep before a relaunch, while there is one
 stop_signal= # the signal that stopped this script, if one did
 
 on_signal() {
     stop_signal=$1
     [[ -z $leader ]] || kill -s "$1" "$leader" 2>/dev/null  # torchrun relays it to its ranks
+    [[ -z $delay ]] || kill "$delay" 2>/dev/null
 }
 trap 'on_signal INT' INT
 trap 'on_signal TERM' TERM HUP  # a closed terminal too: its SIGHUP does not reach the setsid'd training
@@ -105,8 +107,10 @@ while [[ -z $stop_signal ]]; do
     echo "train_forever: exit status $status, restarting ($restarts/$MAX_RESTARTS) from the newest checkpoint"
     resume=(--init_from=resume)  # the last argument wins over any init_from given in "$@"
     sleep "${RESTART_DELAY:-5}" &  # in the background, so that a signal ends the delay at once
-    [[ -n $stop_signal ]] || wait $!
-    kill $! 2>/dev/null
+    delay=$!
+    [[ -n $stop_signal ]] || wait $delay  # a signal between the test and the wait kills the delay itself
+    kill $delay 2>/dev/null
+    delay=
 done
 echo "train_forever: stopped by SIG$stop_signal before relaunching"
 exit $([[ $stop_signal == INT ]] && echo 130 || echo 143)

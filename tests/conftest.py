@@ -16,15 +16,34 @@ sys.path.insert(0, REPO)
 # the GPT-2 BPE files are downloaded by tiktoken on first use; an offline machine points
 # TIKTOKEN_CACHE_DIR at a copy of them before running the tests
 os.environ.setdefault("WANDB_MODE", "disabled")
+# the scripts the tests start run "python", "torchrun" and "hf": those of the interpreter running pytest
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+os.environ.setdefault("PYTHON", sys.executable)
 # the CPU threads of one test: the machine's cores shared among pytest-xdist's workers (more threads than
 # cores would have PyTorch's spinning OpenMP threads take each other's turns)
-CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def usable_cores():
+    """The CPUs this process may run on, capped by a container's CPU quota (cgroup v2), which the
+    affinity mask does not show: a 2-CPU container on a 64-core host must not start 64 workers."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):  # no cgroup v2 here, or a format we do not know
+        pass
+    return cores
+
+
+CORES = usable_cores()
 CPU_THREADS = max(1, CORES // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 os.environ["OMP_NUM_THREADS"] = str(CPU_THREADS)
 
 EOT = 50256
 # time limits in tests only end hangs: an hour is far beyond any correct run on a busy machine
 HANG_GUARD_S = 3600
+# torchrun kills its ranks 30 s after relaying a signal; a busy machine may need longer to checkpoint
+TORCHRUN_GRACE = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(HANG_GUARD_S)}
 
 # one micro model for every test that trains: small enough for a 2-core CPU
 MICRO = dict(n_layer=2, n_head=2, n_embd=32, head_dim=16, block_size=32, vocab_size=50304)
@@ -98,7 +117,7 @@ def run_train(args, nproc=1, check=True, env=None):
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "train.py", *args]
-    full_env = dict(os.environ, OMP_NUM_THREADS=str(max(1, CPU_THREADS // nproc)), **(env or {}))
+    full_env = {**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, CPU_THREADS // nproc)), **(env or {})}
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=None if nproc == 1 else HANG_GUARD_S,
                           env=full_env)
     if check and proc.returncode != 0:

@@ -322,7 +322,8 @@ def docs_block(heading):
 def offline_env(tmp_path, **extra):
     """No Hub: offline mode, an empty cache of datasets, and an endpoint nothing listens on."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"),
-               HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"), HF_ENDPOINT="http://127.0.0.1:9")
+               HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"), HF_ENDPOINT="http://127.0.0.1:9",
+               NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")  # a proxy must not stand in for the endpoint
     env.update(extra)
     return {k: v for k, v in env.items() if v is not None}
 

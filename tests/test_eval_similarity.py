@@ -171,8 +171,10 @@ def test_cli_writes_every_layer_and_a_plot(trained_runs, data_dir, tmp_path):
     n_layer = MICRO["n_layer"]
     x, _ = val_sequences(data_dir, MICRO["block_size"], 6 * MICRO["block_size"])
     for label, attn_type in (("SA", "sa"), ("XSA", "xsa")):
+        with open(os.path.join(trained_runs[attn_type], "config.json")) as f:
+            trained_on = json.load(f)["config"]["data_dir"]  # the session's shards (a parallel worker's copy of them)
         stats = report["models"][label]
-        assert stats["num_sequences"] == 6 and stats["data_dir"] == data_dir
+        assert stats["num_sequences"] == 6 and stats["data_dir"] == trained_on
         for name in ("cos_vv", "a_ii", "cos_yv"):
             assert len(stats[name]) == n_layer and all(math.isfinite(v) for v in stats[name])
         model, _ = load_model(trained_runs[attn_type], "cpu")

@@ -357,12 +357,12 @@ def test_a_training_stopped_by_a_signal_of_its_own_is_not_relaunched(fakes, stat
 
 
 def test_a_signal_during_the_restart_delay_ends_the_loop_at_once(fakes):
-    proc = forever(fakes, "config/sa_tiny.py", NPROC="1", FAKE_MODE="exit:1", RESTART_DELAY="3600")
+    proc = forever(fakes, "config/sa_tiny.py", NPROC="1", FAKE_MODE="exit:1", RESTART_DELAY="36000")
     for line in proc.stdout:
         if "restarting" in line:  # the crashed launch is over
             break
     proc.send_signal(signal.SIGTERM)
-    output = finish(proc)  # not the hour of the delay
+    output = finish(proc)  # not the ten hours of the delay
     assert proc.returncode == 143, output
     assert len(events(fakes, "start")) == 1
 

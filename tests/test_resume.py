@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from checkpoint import list_checkpoints, load_latest_checkpoint, prune_checkpoints, save_checkpoint
-from conftest import CPU_THREADS, HANG_GUARD_S, REPO, make_optimizer, micro_args, run_train
+from conftest import CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, make_optimizer, micro_args, run_train
 from metrics import read_metrics
 
 # dropout makes every step draw random numbers, so a lost RNG state would show in the losses
@@ -387,7 +387,8 @@ def start_train(args, nproc=1, env=None):
     cmd = [sys.executable, "train.py"] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
     return subprocess.Popen(cmd + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS=str(max(1, CPU_THREADS // nproc)), **(env or {})))
+                            env={**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, CPU_THREADS // nproc)),
+                                 **(env or {})})
 
 
 @pytest.fixture(scope="module")

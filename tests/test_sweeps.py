@@ -316,7 +316,7 @@ def newest_step(directory):
 
 def test_interrupted_sweep_resumes_unfinished_runs_and_skips_finished_ones(tmp_path, data_dir):
     out_root = str(tmp_path / "out")
-    max_iters = 8
+    max_iters = 20  # room for the stop to land before XSA finishes, even on a fast or starved machine
     micro = [a for a in micro_args(data_dir, "unused", max_iters=max_iters, checkpoint_interval=2,
                                    eval_interval=4, val_tokens=1024)
              if not a.startswith(("--out_dir=", "--learning_rate="))]  # the sweep sets these
