@@ -3,7 +3,9 @@
 import glob
 import os
 import shutil
+import signal
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -19,6 +21,11 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 # the scripts the tests start run "python", "torchrun" and "hf": those of the interpreter running pytest
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 os.environ.setdefault("PYTHON", sys.executable)
+# Tests started in the background (nohup, `&` in a script) inherit SIGINT ignored, and so would the scripts
+# they start, whose Ctrl-C handling the tests check: a shell cannot trap a signal ignored at its start.
+# Handled here, it is default again in every child (pytest-xdist runs tests in the main thread).
+if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # the CPU threads of one test: the machine's cores shared among pytest-xdist's workers (more threads than
 # cores would have PyTorch's spinning OpenMP threads take each other's turns)
 def usable_cores():

@@ -198,7 +198,7 @@ FAKES = {"fake_train": FAKE_TRAIN, "torchrun": FAKE_TORCHRUN, "nvidia-smi": FAKE
 
 @pytest.fixture
 def fakes(tmp_path):
-    """A bin directory of fake programs; returns the environment that puts them first on PATH."""
+    """A bin directory of fake programs; gives the environment that puts them first on PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, source in FAKES.items():
@@ -208,9 +208,13 @@ def fakes(tmp_path):
     (tmp_path / "tmp").mkdir()
     (tmp_path / "slurm").mkdir()
     clean = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
-    return {**clean, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "events.jsonl"),
-            "FAKE_TRAIN": str(bin_dir / "fake_train"), "PYTHON": str(bin_dir / "fake_train"),
-            "FAKE_SLURM_DIR": str(tmp_path / "slurm"), "TMPDIR": str(tmp_path / "tmp"), "RESTART_DELAY": "0"}
+    env = {**clean, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "events.jsonl"),
+           "FAKE_TRAIN": str(bin_dir / "fake_train"), "PYTHON": str(bin_dir / "fake_train"),
+           "FAKE_SLURM_DIR": str(tmp_path / "slurm"), "TMPDIR": str(tmp_path / "tmp"), "RESTART_DELAY": "0"}
+    yield env
+    for e in events(env):  # a failed test may leave fakes running in sessions of their own: end them
+        if "pid" in e and alive(e["pid"]):
+            os.kill(e["pid"], signal.SIGKILL)
 
 
 def events(env, kind=None):
