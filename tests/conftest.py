@@ -26,8 +26,8 @@ os.environ.setdefault("PYTHON", sys.executable)
 # Handled here, it is default again in every child (pytest-xdist runs tests in the main thread).
 if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGINT, signal.default_int_handler)
-# the CPU threads of one test: the machine's cores shared among pytest-xdist's workers (more threads than
-# cores would have PyTorch's spinning OpenMP threads take each other's turns)
+
+
 def usable_cores():
     """The CPUs this process may run on, capped by a container's CPU quota (cgroup v2), which the
     affinity mask does not show: a 2-CPU container on a 64-core host must not start 64 workers."""
@@ -43,6 +43,8 @@ def usable_cores():
 
 
 CORES = usable_cores()
+# the CPU threads of one test: the machine's cores shared among pytest-xdist's workers (more threads than
+# cores would have PyTorch's spinning OpenMP threads take each other's turns)
 CPU_THREADS = max(1, CORES // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 os.environ["OMP_NUM_THREADS"] = str(CPU_THREADS)
 
