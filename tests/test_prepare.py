@@ -6,6 +6,7 @@ import contextlib
 import errno
 import fcntl
 import glob
+import http.server
 import importlib.util
 import io
 import json
@@ -722,39 +723,33 @@ def closed_port():
         return sock.getsockname()[1]
 
 
-@contextlib.contextmanager
-def unavailable_hub():
+class UnavailableHub(http.server.BaseHTTPRequestHandler):
     """A Hub that answers every request "503 Service Unavailable", the status the libraries retry on,
     and counts the requests."""
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.1)
-    requests, stop = [], threading.Event()
 
-    def serve():
-        while not stop.is_set():
-            try:
-                connection, _ = server.accept()
-            except OSError:  # the timeout: look at the stop flag again
-                continue
-            with connection:
-                connection.settimeout(HANG_GUARD_S)
-                received = b""
-                while b"\r\n\r\n" not in received:
-                    chunk = connection.recv(65536)
-                    if not chunk:
-                        break
-                    received += chunk
-                requests.append(received.split(b"\r\n", 1)[0])
-                connection.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    def do_GET(self):
+        self.server.requests.append(self.requestline)
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
-    thread = threading.Thread(target=serve, daemon=True)
+    do_HEAD = do_GET
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+@contextlib.contextmanager
+def unavailable_hub():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), UnavailableHub)
+    server.requests = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}", requests
+        yield f"http://127.0.0.1:{server.server_port}", server.requests
     finally:
-        stop.set()
-        thread.join()
-        server.close()
+        server.shutdown()
+        server.server_close()
 
 
 HUB_DOWN = {  # offline mode, and a Hub that is unavailable
