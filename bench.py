@@ -1,5 +1,6 @@
 """
-Benchmark the real training step (forward, backward, AdamW) of SA and XSA in one process.
+Benchmark the training step of SA and XSA in one process: train.py's own TrainStep (forward, backward,
+clipping, the guards' check, the optimizer update), imported, not copied.
 
     python bench.py config/sa_tiny.py
     python bench.py config/sa_0p7b.py --n_layer=4 --batch_size=8      # a quick check on one GPU
@@ -15,6 +16,7 @@ FLOPs per token x tokens/s / device peak), peak memory (CUDA: the variant's own 
 state and activations, measured during its warm-up), and the ratios to the first variant.
 """
 
+import functools
 import json
 import statistics
 import sys
@@ -22,41 +24,34 @@ from dataclasses import dataclass
 
 import torch
 
+import exits
 import train_config
-from configurator import ConfigError, keys_of
+from configurator import ConfigError, config_class, key, non_negative, positive
 from metrics import ThroughputMeter
-from model import GPT, exclude_self
-from optimizers import build_optimizer
+from model import exclude_self
 from parallelize import compile_counts
-from runtime import DeviceError, autocast, enable_tf32, peak_flops, pick_device, resolve_dtype
+from runtime import DeviceError, Runtime, enable_tf32, peak_flops, pick_device, resolve_dtype
+from train import Guards, TrainStep, build_model
 
 
 @dataclass
 class Bench:
-    """bench.py's own keys, beside every key of train.py.
-
-    Attributes:
-        bench_rounds: alternating timing rounds per variant
-        bench_steps: training steps per round
-        bench_warmup: untimed steps per variant before the first round (compilation happens here)
-        bench_variants: comma-separated variants, the first the baseline: an attn_type, then any overrides,
-            e.g. "xsa:xsa_gate=True"
-        profile: write a torch profiler trace per variant to bench_trace_<variant>.json
-        bench_json: also write the results to this JSON file
-    """
-    bench_rounds: int = 10
-    bench_steps: int = 3
-    bench_warmup: int = 3
-    bench_variants: str = "sa,xsa"
-    profile: bool = False
-    bench_json: str = ""
+    """bench.py's own keys, beside every key of train.py."""
+    bench_rounds: int = key(10, "alternating timing rounds per variant", check=positive)
+    bench_steps: int = key(3, "training steps per round", check=positive)
+    bench_warmup: int = key(3, "untimed steps per variant before the first round (compilation happens here)",
+                            check=non_negative)
+    bench_variants: str = key("sa,xsa", 'comma-separated variants, the first the baseline: an attn_type, then any '
+                                        'overrides, e.g. "xsa:xsa_gate=True"')
+    profile: bool = key(False, "write a torch profiler trace per variant to bench_trace_<variant>.json")
+    bench_json: str = key("", "also write the results to this JSON file")
 
 
-BENCH_KEYS = {**train_config.TRAIN_KEYS, **keys_of(Bench)}
+BenchConfig = config_class("BenchConfig", *train_config.SECTIONS, Bench, base=train_config.RunConfig)
 
 
 def resolve(argv):
-    return train_config.resolve(argv, keys=BENCH_KEYS, prog="bench.py")[0]
+    return train_config.resolve(argv, config_class=BenchConfig, prog="bench.py")[0]
 
 
 def parse_variants(spec, argv):
@@ -90,12 +85,13 @@ class PeakMemory:
             self.gb = (torch.cuda.max_memory_allocated() - self.base) / 1e9
 
 
-def build(config, device):
-    torch.manual_seed(config["seed"])
-    model = GPT(train_config.model_config(config)).to(device)
-    optimizer = build_optimizer(model, config, device.split(":")[0])
-    step_model = torch.compile(model) if config["compile"] else model
-    return model, step_model, optimizer
+def build(config, runtime, dtype):
+    """A variant's model and the training step train.py would run on it, on one process."""
+    raw_model, _, train_model, optimizer = build_model(config, runtime, dtype)
+    guards = Guards(config, runtime, stop_signals=None)
+    step = TrainStep(train_model, raw_model, optimizer, guards, runtime, dtype, config.batch_size, grad_accum=1,
+                     grad_clip=config.grad_clip)
+    return raw_model, step
 
 
 SDPA_KERNELS = {  # the aten op each scaled_dot_product_attention backend dispatches to
@@ -109,11 +105,11 @@ SDPA_KERNELS = {  # the aten op each scaled_dot_product_attention backend dispat
 
 def attention_inputs(config, device, dtype, batch_size):
     """Random q (n_head heads), k and v (n_kv_head heads) of the config's attention shape."""
-    n_kv_head = config["n_kv_head"] or config["n_head"]
-    head_dim = config["head_dim"] or config["n_embd"] // config["n_head"]
-    T = config["block_size"] + config["n_sinks"]
+    n_kv_head = config.n_kv_head or config.n_head
+    head_dim = config.head_dim or config.n_embd // config.n_head
+    T = config.block_size + config.n_sinks
     shape = lambda heads: (batch_size, heads, T, head_dim)
-    q = torch.randn(shape(config["n_head"]), device=device, dtype=dtype, requires_grad=True)
+    q = torch.randn(shape(config.n_head), device=device, dtype=dtype, requires_grad=True)
     k, v = (torch.randn(shape(n_kv_head), device=device, dtype=dtype, requires_grad=True) for _ in range(2))
     return q, k, v
 
@@ -143,59 +139,48 @@ def xsa_orthogonality(config, device, dtype):
     return ratio.mean().item(), ratio.max().item()
 
 
-def make_step(step_model, optimizer, x, y, device_type, dtype, grad_clip):
-    def step():
-        with autocast(device_type, dtype):
-            _, loss = step_model(x, y)
-        loss.backward()
-        if grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(step_model.parameters(), grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return step
-
-
 def main():
     argv = sys.argv[1:]
     try:
         c = resolve(argv)
-        variants = parse_variants(c["bench_variants"], argv)
-        device = pick_device(c["device"])
+        variants = parse_variants(c.bench_variants, argv)
+        device = pick_device(c.device)
     except (ConfigError, DeviceError) as e:
         print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(exits.CONFIG_ERROR)
     device_type = device.split(":")[0]
-    dtype = resolve_dtype(c["dtype"], device_type)
+    runtime = Runtime(0, 0, 1, device, device_type, distributed=False)
+    dtype = resolve_dtype(c.dtype, device_type)
     if device_type == "cuda":
         enable_tf32()
-    vocab = min(50257, c["vocab_size"])  # GPT-2's ids, or fewer for a smaller vocabulary
-    x = torch.randint(0, vocab, (c["batch_size"], c["block_size"]), device=device)
-    y = torch.randint(0, vocab, (c["batch_size"], c["block_size"]), device=device)
-    tokens_per_step = c["batch_size"] * c["block_size"]
+    vocab = min(50257, c.vocab_size)  # GPT-2's ids, or fewer for a smaller vocabulary
+    x = torch.randint(0, vocab, (c.batch_size, c.block_size), device=device)
+    y = torch.randint(0, vocab, (c.batch_size, c.block_size), device=device)
+    tokens_per_step = c.batch_size * c.block_size
     device_peak = peak_flops(device)
 
     runs = {}
     for name, variant in variants.items():
         graphs_before, breaks_before, _ = compile_counts()
         with PeakMemory(device_type) as memory:  # building and warm-up: the variant's whole footprint
-            model, step_model, optimizer = build(variant, device)
-            step = make_step(step_model, optimizer, x, y, device_type, dtype, c["grad_clip"])
-            for _ in range(c["bench_warmup"]):
+            model, train_step = build(variant, runtime, dtype)
+            step = functools.partial(train_step, 1, x, y, variant.learning_rate)
+            for _ in range(c.bench_warmup):
                 step()
         graphs, breaks, _ = compile_counts()
         runs[name] = {"model": model, "step": step, "times": [], "peak_mem_gb": memory.gb,
                       "graphs": graphs - graphs_before, "graph_breaks": breaks - breaks_before,
-                      "meter": ThroughputMeter(model.flops_per_token(c["block_size"]), device_peak, device_type)}
+                      "meter": ThroughputMeter(model.flops_per_token(c.block_size), device_peak, device_type)}
 
-    for _ in range(c["bench_rounds"]):
+    for _ in range(c.bench_rounds):
         for run in runs.values():
             run["meter"].start()
-            for _ in range(c["bench_steps"]):
+            for _ in range(c.bench_steps):
                 run["step"]()
-            run["meter"].count(c["bench_steps"] * tokens_per_step)
-            run["times"].append(run["meter"].stop() / c["bench_steps"])
+            run["meter"].count(c.bench_steps * tokens_per_step)
+            run["times"].append(run["meter"].stop() / c.bench_steps)
 
-    if c["profile"]:
+    if c.profile:
         from torch.profiler import ProfilerActivity, profile as torch_profile
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
         for name, run in runs.items():
@@ -211,8 +196,8 @@ def main():
     backend = sdpa_backend(c, device, dtype)
     ortho_mean, ortho_max = xsa_orthogonality(c, device, dtype)
     device_name = torch.cuda.get_device_name(device) if device_type == "cuda" else f"{device} ({torch.get_num_threads()} threads)"
-    print(f"device: {device_name}, dtype {dtype}, compile {c['compile']}; {tokens_per_step:,} tokens per step "
-          f"({c['batch_size']} x {c['block_size']}); median of {c['bench_rounds']} rounds x {c['bench_steps']} steps")
+    print(f"device: {device_name}, dtype {dtype}, compile {c.compile}; {tokens_per_step:,} tokens per step "
+          f"({c.batch_size} x {c.block_size}); median of {c.bench_rounds} rounds x {c.bench_steps} steps")
     results = {}
     for name, run in runs.items():
         ms = 1000 * statistics.median(run["times"])
@@ -235,12 +220,12 @@ def main():
               f"peak mem {mem} | {r['params_M']:.1f}M params | tok/s vs {baseline} {r['throughput_ratio']:.4f}"
               + ("" if r["memory_ratio"] is None else f" | memory vs {baseline} {r['memory_ratio']:.4f}")
               + f" | round spread {r['spread_pct']:.1f}%"
-              + (f" | {r['graphs']} graphs, {r['graph_breaks']} graph breaks" if c["compile"] else ""))
+              + (f" | {r['graphs']} graphs, {r['graph_breaks']} graph breaks" if c.compile else ""))
     print(f"sdpa backend: {backend} | XSA orthogonality |z.v|/(|v||y|) in {dtype}: mean {ortho_mean:.2e}, "
           f"max {ortho_max:.2e}")
-    if c["bench_json"]:
-        with open(c["bench_json"], "w") as f:
-            json.dump({"config": c, "device": device_name, "dtype": dtype, "results": results, "sdpa_backend": backend,
+    if c.bench_json:
+        with open(c.bench_json, "w") as f:
+            json.dump({"config": c.to_dict(), "device": device_name, "dtype": dtype, "results": results, "sdpa_backend": backend,
                        "xsa_orthogonality": {"mean": ortho_mean, "max": ortho_max}}, f, indent=2)
     return results
 

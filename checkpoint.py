@@ -1,6 +1,5 @@
 """
-Checkpoints: atomic writes, keeping the last few, finding the newest good one, refusing a
-checkpoint of another architecture, and loading a model for evaluation.
+One checkpoint: its name, its format, its checksums, and loading it back.
 
 Two formats, each readable by any run whatever its parallelism or number of processes:
 - `ckpt_<step>.pt` (DDP and single-process runs): one torch file of plain containers and tensors,
@@ -8,13 +7,13 @@ Two formats, each readable by any run whatever its parallelism or number of proc
 - `ckpt_<step>/` (FSDP runs): a torch.distributed.checkpoint (DCP) directory in which every
   process writes its own shards of the model and optimizer in parallel (`__<rank>_0.distcp`,
   `.metadata`), plus `run_state.pt` from rank 0 with everything else (step, loader position, the
-  RNG state of every rank, config, wandb id, best val loss, provenance).
+  RNG state of every rank, config, the run's own state, provenance).
 Model and optimizer states are exchanged keyed by parameter name (torch.distributed.checkpoint's
 state_dict API), so a sharded checkpoint loads into an unsharded model and back, on any world size.
 
 Every checkpoint carries CRC32 checksums (of each tensor in a file, of each shard file in a
-directory): a corrupted checkpoint, not only a truncated one, is found when it is loaded and skipped
-for the previous one. `Checkpointer` saves and restores a run's whole training state.
+directory): a corrupted checkpoint, not only a truncated one, is found when it is loaded. Which
+checkpoints a run writes, keeps and resumes from is checkpointer.py's.
 """
 
 import contextlib
@@ -23,7 +22,6 @@ import os
 import random
 import re
 import shutil
-import time
 import warnings
 import zlib
 
@@ -35,13 +33,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from model import GPT
-from train_config import ARCHITECTURE_KEYS, model_config
-from files import fsync_dir, remove_temp_files, write_atomically
+from files import fsync_dir, write_atomically
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt_(\d+)(\.pt)?")
 RUN_STATE = "run_state.pt"  # in a sharded checkpoint: everything but the model and optimizer
-RUN_FILES = ("metrics.jsonl", "train.log", "config.json", "git.diff")  # a run's logs, beside its checkpoints
 
 
 def checkpoint_path(out_dir, step, sharded=False):
@@ -55,59 +50,6 @@ def is_sharded_checkpoint(path):
 
 def checkpoint_step(path):
     return int(CHECKPOINT_PATTERN.fullmatch(os.path.basename(os.path.normpath(path))).group(1))
-
-
-def list_checkpoints(out_dir):
-    """Checkpoint paths in out_dir, files and sharded directories alike, oldest first."""
-    paths = []
-    for path in glob.glob(os.path.join(out_dir, "ckpt_*")):
-        match = CHECKPOINT_PATTERN.fullmatch(os.path.basename(path))
-        if match and (os.path.isfile(path) if match.group(2) else os.path.isdir(path)):
-            paths.append(path)
-    return sorted(paths, key=lambda p: (checkpoint_step(p), os.path.getmtime(p)))
-
-
-def remove_checkpoint(path):
-    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-
-
-def prune_checkpoints(out_dir, keep, known_good, protected=None):
-    """Delete the checkpoints older than the newest `keep` of those known to be readable (written by
-    this run, or loaded by it): an unreadable checkpoint never counts as kept, so a readable one is
-    never deleted in its favour. `protected` (the checkpoint of the best validation loss) is never
-    deleted: after a blow-up, the newest checkpoints may all be of the diverged run."""
-    good = [p for p in list_checkpoints(out_dir) if p in known_good]
-    if keep <= 0 or len(good) < keep:
-        return
-    oldest_kept = checkpoint_step(good[-keep])
-    for path in list_checkpoints(out_dir):
-        if checkpoint_step(path) < oldest_kept and path != protected:
-            remove_checkpoint(path)
-
-
-def clean_run_dir(out_dir):
-    """Clean up after a process killed mid-write: remove checkpoint temp files and directories
-    (ckpt_*.pt.tmp<pid>, ckpt_*.tmp/) and metrics/config temp files. A sharded checkpoint moved aside
-    to be replaced by a new one of the same step (ckpt_*.old/) is put back if the new one never
-    arrived. Complete checkpoints are never touched."""
-    for old in glob.glob(os.path.join(out_dir, "ckpt_*.old")):
-        if os.path.exists(old[:-len(".old")]):
-            shutil.rmtree(old)
-        else:
-            os.replace(old, old[:-len(".old")])
-    remove_temp_files(out_dir, ("ckpt_*.tmp*", "metrics.jsonl.tmp*", "config.json.tmp*"))
-
-
-def set_aside_run(out_dir):
-    """Move an earlier run's checkpoints and logs into out_dir/replaced_<time>/ (a run started from
-    scratch with overwrite): nothing is deleted, and nothing of it is resumed or appended to."""
-    aside = os.path.join(out_dir, time.strftime("replaced_%Y%m%d-%H%M%S"))
-    os.makedirs(aside)
-    for path in list_checkpoints(out_dir) + [os.path.join(out_dir, name) for name in RUN_FILES]:
-        if os.path.exists(path):
-            os.replace(path, os.path.join(aside, os.path.basename(path)))
-    fsync_dir(out_dir)
-    return aside
 
 
 class CorruptCheckpoint(ValueError):
@@ -312,26 +254,6 @@ def load_checkpoint_file(path, map_location="cpu"):
     return state
 
 
-def load_latest_checkpoint(out_dir, map_location="cpu"):
-    """The newest checkpoint in out_dir that loads, skipping (with a warning naming it) any that
-    is truncated or corrupt. Returns (path, state), or (None, None) if there is none. Under torchrun
-    every process calls it, and all take the same checkpoint: one that every process could read."""
-    for path in reversed(list_checkpoints(out_dir)):
-        state, error = None, None
-        try:
-            state = load_checkpoint_file(path, map_location)
-        except (Exception, CheckpointException) as e:  # truncated zip, bad pickle, missing shard, ...: the previous one
-            error = f"{type(e).__name__}: {e}"
-        if dist.is_initialized():
-            failed = [None] * dist.get_world_size()
-            dist.all_gather_object(failed, error)
-            error = error or next((f"on rank {r}: {e}" for r, e in enumerate(failed) if e), None)
-        if error is None:
-            return path, state
-        warnings.warn(f"skipping unreadable checkpoint {path}: {error}")
-    return None, None
-
-
 def optimizer_state_by_name(model, optimizer, state):
     """An optimizer.state_dict() (parameters numbered in param_groups order) keyed by parameter
     name instead, the form torch.distributed.checkpoint's set_state_dict takes."""
@@ -359,42 +281,8 @@ def load_training_state(path, state, model, optimizer):
                        options=StateDictOptions(full_state_dict=True))
 
 
-def architecture_mismatch(saved_config, config):
-    """Names and values of the architecture keys that differ between two configs."""
-    return {k: (saved_config.get(k), config.get(k)) for k in ARCHITECTURE_KEYS
-            if saved_config.get(k) != config.get(k)}
-
-
-def check_architecture(saved_config, config, path):
-    diff = architecture_mismatch(saved_config, config)
-    if diff:
-        details = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-        raise ValueError(f"checkpoint {path} has a different architecture ({details})")
-
-
-def load_model(path, device="cpu"):
-    """A GPT in eval mode from a checkpoint (a file or a sharded directory), or from the newest
-    checkpoint in a run directory, in this process alone. Returns (model, resolved run config)."""
-    if os.path.isdir(path) and not is_sharded_checkpoint(path):  # a run directory
-        found, state = load_latest_checkpoint(path, map_location=device)
-        if found is None:
-            raise FileNotFoundError(f"no checkpoint in {path}")
-        path = found
-    else:
-        state = load_checkpoint_file(path, map_location=device)
-    model = GPT(model_config(state["config"]))
-    if os.path.isdir(path):
-        model_state = model.state_dict()
-        with single_process_quietly(), dcp_errors(path):
-            dcp.load({"model": model_state}, checkpoint_id=path, no_dist=True)  # reads the model only
-        model.load_state_dict(model_state)
-    else:
-        model.load_state_dict(state["model"])
-    return model.to(device).eval(), state["config"]
-
-
 # -----------------------------------------------------------------------------
-# A run's whole training state
+# RNG states
 
 def rng_state(device_type):
     """This process's RNG states in plain containers (weights_only-loadable)."""
@@ -413,103 +301,3 @@ def set_rng_state(state, device_type):
     torch.set_rng_state(state["torch"])
     if device_type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"])
-
-
-def local_tensor(t):
-    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this process
-
-
-class NonFiniteState(ValueError):
-    """Model or optimizer state holding NaN or inf: never written as a checkpoint."""
-
-
-class Checkpointer:
-    """Saves and restores a run's whole training state: model, optimizer, the data loader's position,
-    every rank's RNG states, and the run's bookkeeping (config, wandb run id, best val loss,
-    provenance). Every rank calls save() and resume(); a model sharded by FSDP gets a DCP directory,
-    any other a single file written by rank 0. Keeps the newest `keep` readable checkpoints."""
-
-    def __init__(self, out_dir, keep, model, optimizer, loader, runtime, sharded):
-        self.out_dir, self.keep = out_dir, keep
-        self.model, self.optimizer, self.loader = model, optimizer, loader
-        self.runtime, self.sharded = runtime, sharded
-        self.known_good = set()  # checkpoints this run wrote or loaded: the only ones pruning counts
-        self.best = None  # {"path", "val_loss"} of the checkpoint written at the best validation loss
-
-    def gather_rng_states(self):
-        """Every rank's RNG state, in rank order."""
-        state = rng_state(self.runtime.device_type)
-        if not self.runtime.distributed:
-            return [state]
-        states = [None] * self.runtime.world_size
-        dist.all_gather_object(states, state)
-        return states
-
-    def state_is_finite(self):
-        """True on every rank if no parameter or optimizer state of any rank holds NaN or inf."""
-        tensors = [p for p in self.model.parameters()]
-        tensors += [t for s in self.optimizer.state.values() for t in s.values()
-                    if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        flags = [torch.isfinite(local_tensor(t)).all() for t in tensors]
-        bad = (~torch.stack(flags).all()).float().reshape(1) if flags else torch.zeros(1)
-        if self.runtime.distributed:
-            bad = bad.to(self.runtime.device)
-            dist.all_reduce(bad)
-        return bad.item() == 0
-
-    def save(self, step, loader_state, run_info, val_loss=None):
-        """Write the checkpoint of `step` (run_info: config, wandb_run_id, best_val_loss, provenance, ...;
-        val_loss: the validation loss of this step, if evaluated), then prune, keeping the checkpoint of
-        the best validation loss whatever its age. Refuses (NonFiniteState) a state that holds NaN or
-        inf; a failed write raises OSError on every rank and leaves the previous checkpoints intact."""
-        if not self.state_is_finite():
-            raise NonFiniteState(f"the model or optimizer state is not finite at step {step}; "
-                                 f"it was not saved, the last checkpoint in {self.out_dir} is intact")
-        best = self.best
-        if val_loss is not None and (best is None or val_loss < best["val_loss"]):
-            best = {"path": os.path.basename(checkpoint_path(self.out_dir, step, self.sharded)), "val_loss": val_loss}
-        state = {"step": step, "loader": loader_state, "rng": self.gather_rng_states(), **run_info,
-                 "best_checkpoint": best}
-        path, error = None, None
-        try:
-            if self.sharded:  # every rank writes its shards
-                path = save_sharded_checkpoint(self.model, self.optimizer, state, self.out_dir, step)
-            elif self.runtime.is_main:
-                state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
-                path = save_checkpoint(state, self.out_dir, step)
-        except OSError as e:
-            error = e
-        failed = torch.tensor([0.0 if error is None else 1.0], device=self.runtime.device)
-        if self.runtime.distributed:
-            dist.all_reduce(failed)
-        if failed.item():
-            raise error or OSError(f"could not write checkpoint of step {step} on another rank")
-        self.best = best
-        if self.runtime.is_main:
-            self.known_good.add(path)
-            prune_checkpoints(self.out_dir, self.keep, self.known_good, self.best_path())
-        return path
-
-    def best_path(self):
-        return os.path.join(self.out_dir, self.best["path"]) if self.best else None
-
-    def resume(self, config):
-        """Load the newest readable checkpoint into the model, optimizer, loader and RNGs. Returns
-        (path, its state without model and optimizer), or (None, None) if out_dir holds none."""
-        path, state = load_latest_checkpoint(self.out_dir)
-        if path is None:
-            return None, None
-        check_architecture(state["config"], config, path)
-        saved_optimizer = state["config"].get("optimizer", "adamw")
-        if saved_optimizer != config["optimizer"]:  # its state would not fit this optimizer's
-            raise ValueError(f"checkpoint {path} was trained with optimizer={saved_optimizer!r}, not "
-                             f"{config['optimizer']!r}: resume it with --optimizer={saved_optimizer}")
-        load_training_state(path, state, self.model, self.optimizer)  # either format, any parallelism
-        self.loader.load_state_dict(state["loader"])
-        states = state["rng"]
-        set_rng_state(states[self.runtime.rank % len(states)], self.runtime.device_type)
-        self.known_good.add(path)
-        self.best = state.get("best_checkpoint")
-        state.pop("model", None)
-        state.pop("optimizer", None)
-        return path, state

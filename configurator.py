@@ -1,31 +1,59 @@
 """
 nanoGPT-style configuration, checked against a schema. An entry point's keys are dataclass fields
-(train_config.py: each with its default, type and meaning); the command line names config files
-(plain Python, executed in order) and `--key=value` overrides (parsed with ast.literal_eval, else
-taken as a string):
+made with `key()` (train_config.py): each carries its default, type, one-line meaning, the checks its
+value must pass and, for a None default, the value it derives from the other keys. The command line
+names config files (plain Python, executed in order) and `--key=value` overrides (parsed with
+ast.literal_eval, else taken as a string; a text key always takes the text):
 
     python train.py config/xsa_0p7b.py --learning_rate=3e-4 --compile=False
 
-Unlike nanoGPT, a mistyped key fails with the closest valid names, a value of the wrong type fails
-naming the key and the types it takes, `--help` lists every key with its default and meaning, and a
-config file finds the files it reads (`exec(open("config/sa_0p7b.py").read())`) from any working
-directory. All checks happen before anything is written.
+The resolved config is one flat dataclass read by attribute (`c.learning_rate`). Unlike nanoGPT, a
+mistyped key fails with the closest valid names, a value of the wrong type or range fails naming the
+key, `--help` lists every key with its default and meaning, and a config file finds the files it reads
+(`exec(open("config/sa_0p7b.py").read())`) from any working directory. All checks happen before
+anything is written.
 """
 
 import ast
 import builtins
+import dataclasses
 import difflib
 import inspect
 import os
-import re
 import sys
 import types
 import typing
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the entry point's keys."""
+
+
+def key(default, help, *, check=(), derive=None):
+    """A config key as a dataclass field.
+    default: its value unless a config file or the command line sets it
+    help: its meaning in one line, shown by --help
+    check: a function of (name, value), or a tuple of them, returning what is wrong with the value (one
+        line) or None; a None value (unset, or "off") is not checked
+    derive: for a None default, a function of (config, run name) giving the value it stands for, e.g.
+        min_lr = learning_rate / 10; run name: the last config file's name without .py, or "run" """
+    checks = check if isinstance(check, tuple) else (check,)
+    return field(default=default, metadata={"help": help, "checks": checks, "derive": derive})
+
+
+# checks a key may name: each returns the error message, or None
+
+def positive(name, value):
+    return None if value > 0 else f"{name} must be positive, got {value!r}"
+
+
+def non_negative(name, value):
+    return None if value >= 0 else f"{name} must not be negative, got {value!r}"
+
+
+def fraction(name, value):
+    return None if 0 <= value < 1 else f"{name} must be in [0, 1), got {value!r}"
 
 
 @dataclass(frozen=True)
@@ -33,43 +61,50 @@ class Key:
     name: str
     default: object
     type: object  # the field's annotation: int, float | None, Literal["sa", "xsa"], ...
-    help: str  # its line under "Attributes:" in the docstring of the dataclass declaring it
-    section: str  # the first line of that dataclass's docstring: what its keys decide
-
-
-def field_docs(cls):
-    """{field: meaning} from the "Attributes:" section of a dataclass's docstring (`name: meaning`
-    lines, continued on more deeply indented lines)."""
-    _, _, attributes = (inspect.getdoc(cls) or "").partition("Attributes:")
-    lines = [line for line in attributes.splitlines() if line.strip()]
-    indent = min((len(line) - len(line.lstrip()) for line in lines), default=0)
-    docs, name = {}, None
-    for line in lines:
-        entry = re.fullmatch(r"(\w+): (.*)", line.strip())
-        if entry and len(line) - len(line.lstrip()) == indent:
-            name, docs[entry.group(1)] = entry.group(1), entry.group(2).strip()
-        elif name:
-            docs[name] += " " + line.strip()
-    return docs
+    help: str
+    section: str  # the first line of the declaring dataclass's docstring: what its keys decide
+    checks: tuple = ()
+    derive: object = None
 
 
 def keys_of(*sections):
-    """{name: Key} of the fields of the dataclasses `sections`, in order. A field that its dataclass's
-    docstring does not describe is a mistake of the schema: TypeError."""
+    """{name: Key} of the fields of the dataclasses `sections`, in order. A field without a meaning
+    (made without key(), or with metadata={"help": ...}) is a mistake of the schema: TypeError."""
     keys = {}
     for section in sections:
-        docs, hints = field_docs(section), typing.get_type_hints(section)
+        hints = typing.get_type_hints(section)
         title = (inspect.getdoc(section) or section.__name__).splitlines()[0]
         for f in fields(section):
-            if f.name not in docs:
-                raise TypeError(f"{section.__name__}.{f.name} has no line under Attributes: in its docstring")
+            if not f.metadata.get("help"):
+                raise TypeError(f"{section.__name__}.{f.name} has no meaning: declare it with key(default, help)")
             default = f.default if f.default is not MISSING else f.default_factory()
-            keys[f.name] = Key(f.name, default, hints[f.name], docs[f.name], title)
+            keys[f.name] = Key(f.name, default, hints[f.name], f.metadata["help"], title,
+                               f.metadata.get("checks", ()), f.metadata.get("derive"))
     return keys
 
 
-def defaults_of(keys):
-    return {name: key.default for name, key in keys.items()}
+class Config:
+    """Base of the resolved configs: a flat dataclass of every key, read by attribute."""
+    keys = {}  # {name: Key}, set by config_class
+
+    def to_dict(self):
+        """{key: value}, for config.json, checkpoints and wandb."""
+        return {name: getattr(self, name) for name in self.keys}
+
+    @classmethod
+    def from_dict(cls, values):
+        """The config a dict records (a checkpoint's, config.json's): its values of this config's keys,
+        the defaults for keys it lacks (it may come from an older version)."""
+        return cls(**{name: value for name, value in values.items() if name in cls.keys})
+
+
+def config_class(name, *sections, base=Config):
+    """One flat dataclass with the fields of every section (and base's methods): `c.learning_rate`."""
+    keys = keys_of(*sections)
+    specs = [(k.name, k.type, field(default=k.default, metadata={"help": k.help})) for k in keys.values()]
+    cls = dataclasses.make_dataclass(name, specs, bases=(base,))
+    cls.keys = keys
+    return cls
 
 
 # -----------------------------------------------------------------------------
@@ -120,6 +155,27 @@ def check_type(key, value):
         raise ConfigError(f"{key.name} must be {type_name(key.type)}; got {value!r}")
     raise ConfigError(f"{key.name} expects {type_name(key.type)} (default {key.default!r}), "
                       f"got {type(value).__name__} {value!r}")
+
+
+def takes_text_only(annotation):
+    """str, str | None, Literal["a", "b"]: a key whose values are text (or None)."""
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) \
+        else (annotation,)
+    return all(option is str or option is type(None) or (typing.get_origin(option) is typing.Literal and all(
+        isinstance(a, str) for a in typing.get_args(option))) for option in options)
+
+
+def parse_value(key, raw):
+    """The value of `--key=raw`: a Python literal (3e-4, True, None, [0, 5]), or the text itself where it is
+    not one (--attn_type=xsa). A key that takes only text takes the text as written, even where it reads as
+    a number (--wandb_run_name=2024, --out_dir=123); None stays None where the key allows it."""
+    try:
+        value = ast.literal_eval(raw)
+    except (SyntaxError, ValueError):
+        return raw
+    if takes_text_only(key.type) and not isinstance(value, str) and not (value is None and converted(None, key.type)[0]):
+        return raw
+    return value
 
 
 # -----------------------------------------------------------------------------
@@ -178,8 +234,8 @@ def run_config_file(path):
 
 def parse_config(keys, argv, prog="train.py"):
     """Resolve config files and overrides against the keys ({name: Key}).
-    Returns (config dict in the order of keys, list of config files used)."""
-    config = defaults_of(keys)
+    Returns ({key: value} in the order of keys, the config files used)."""
+    config = {name: key.default for name, key in keys.items()}
     config_files = []
     for arg in argv:
         if arg in ("-h", "--help"):
@@ -199,11 +255,27 @@ def parse_config(keys, argv, prog="train.py"):
                 raise ConfigError(f"override {arg!r} must be written --key=value")
             if name not in keys:
                 raise unknown_key_error(name, list(keys), "the command line")
-            try:
-                value = ast.literal_eval(raw)
-            except (SyntaxError, ValueError):
-                value = raw  # a bare string, e.g. --attn_type=xsa
-            config[name] = check_type(keys[name], value)
+            config[name] = check_type(keys[name], parse_value(keys[name], raw))
     return config, config_files
 
 
+def derive_and_check(config, run_name):
+    """Fill in each None key that derives its value (key's derive), then run every key's checks."""
+    for name, k in config.keys.items():
+        if getattr(config, name) is None and k.derive is not None:
+            setattr(config, name, k.derive(config, run_name))
+    for name, k in config.keys.items():
+        value = getattr(config, name)
+        for check in k.checks if value is not None else ():
+            problem = check(name, value)
+            if problem:
+                raise ConfigError(problem)
+    return config
+
+
+def resolve(config_class, argv, prog="train.py"):
+    """The config of a command line: the keys' defaults, then the config files and overrides of argv,
+    derived values filled in, every check passed. Returns (config, config files); ConfigError."""
+    values, config_files = parse_config(config_class.keys, argv, prog)
+    run_name = os.path.splitext(os.path.basename(config_files[-1]))[0] if config_files else "run"
+    return derive_and_check(config_class(**values), run_name), config_files

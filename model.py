@@ -13,7 +13,8 @@ grouped-query attention (n_kv_head) and XSA in some blocks only (xsa_layers).
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -22,43 +23,39 @@ from torch.nn import functional as F
 ATTN_TYPES = ("sa", "xsa")
 
 
+def key(default, meaning):
+    """A hyperparameter with its one-line meaning, which `python train.py --help` shows."""
+    return field(default=default, metadata={"help": meaning})
+
+
 @dataclass
 class GPTConfig:
-    """The model's hyperparameters; train.py takes each as a config key of the same name.
-
-    Attributes:
-        block_size: longest sequence the model is trained on (sinks not counted)
-        vocab_size: GPT-2's 50257 padded up to a multiple of 64 for efficiency
-        n_layer: transformer blocks
-        n_head: attention (query) heads per block
-        n_kv_head: key/value heads (GQA: n_head a multiple of it; 1 is MQA); None means n_head
-        n_embd: model (residual stream) width
-        head_dim: width of one head; None means n_embd // n_head
-        attn_type: "sa": standard self-attention, "xsa": exclusive self-attention
-        xsa_gate: XSA only: z = y - tanh(alpha) * proj, alpha per head, zero-init (starts as SA)
-        xsa_layers: XSA only, in some blocks: the last k (an int), or the blocks listed ([0, 5, 11] or
-            "0,5,11"); None: every block
-        n_sinks: learned sink tokens prepended to every sequence (StreamingLLM-style); never scored
-        rope_theta: RoPE base frequency
-        bias: biases in Linear and LayerNorm layers
-        dropout: dropout on attention weights and residual branches
-    """
-    block_size: int = 1024
-    vocab_size: int = 50304
-    n_layer: int = 12
-    n_head: int = 12
-    n_kv_head: int | None = None
-    n_embd: int = 768
-    head_dim: int | None = None
-    attn_type: str = "sa"
-    xsa_gate: bool = False
-    xsa_layers: int | str | list[int] | None = None
-    n_sinks: int = 0
-    rope_theta: float = 10000.0
-    bias: bool = False
-    dropout: float = 0.0
+    """The model's hyperparameters; train.py takes each as a config key of the same name."""
+    block_size: int = key(1024, "longest sequence the model is trained on (sinks not counted)")
+    vocab_size: int = key(50304, "GPT-2's 50257 padded up to a multiple of 64 for efficiency")
+    n_layer: int = key(12, "transformer blocks")
+    n_head: int = key(12, "attention (query) heads per block")
+    n_kv_head: int | None = key(None, "key/value heads (GQA: n_head a multiple of it; 1 is MQA); None means n_head")
+    n_embd: int = key(768, "model (residual stream) width")
+    head_dim: int | None = key(None, "width of one head; None means n_embd // n_head")
+    attn_type: Literal[ATTN_TYPES] = key("sa", '"sa": standard self-attention, "xsa": exclusive self-attention')
+    xsa_gate: bool = key(False, "XSA only: z = y - tanh(alpha) * proj, alpha per head, zero-init (starts as SA)")
+    xsa_layers: int | str | list[int] | None = key(
+        None, 'XSA only, in some blocks: the last k (an int), or the blocks listed ([0, 5, 11] or "0,5,11"); '
+              'None: every block')
+    n_sinks: int = key(0, "learned sink tokens prepended to every sequence (StreamingLLM-style); never scored")
+    rope_theta: float = key(10000.0, "RoPE base frequency")
+    bias: bool = key(False, "biases in Linear and LayerNorm layers")
+    dropout: float = key(0.0, "dropout on attention weights and residual branches")
 
     def __post_init__(self):
+        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "rope_theta"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if not self.n_sinks >= 0:
+            raise ValueError(f"n_sinks must not be negative, got {self.n_sinks!r}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.attn_type not in ATTN_TYPES:
             raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {self.attn_type!r}")
         if self.head_dim is None:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
+from parallelize import local_shard
 from train_config import OPTIMIZERS
 
 
@@ -58,15 +59,15 @@ def param_groups(model, optimizer):
 
 
 def build_optimizer(model, c, device_type):
-    """The optimizer c["optimizer"] names, for `model` (plain, or sharded by FSDP2), with the
+    """The optimizer c.optimizer names, for `model` (plain, or sharded by FSDP2), with the
     hyperparameters of c (see set_hyperparameters)."""
-    if c["optimizer"] not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {c['optimizer']!r}")
-    groups = param_groups(model, c["optimizer"])
+    if c.optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {c.optimizer!r}")
+    groups = param_groups(model, c.optimizer)
     fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-    adamw_options = {"lr": c["learning_rate"], "fused": True} if fused else {"lr": c["learning_rate"]}
+    adamw_options = {"lr": c.learning_rate, "fused": True} if fused else {"lr": c.learning_rate}
     adamw_groups = [g for g in groups if g["algorithm"] == "adamw"]
-    if c["optimizer"] == "adamw":
+    if c.optimizer == "adamw":
         optimizer = torch.optim.AdamW(adamw_groups, **adamw_options)
     else:
         optimizer = MuonAdamW([g for g in groups if g["algorithm"] == "muon"], adamw_groups, adamw_options)
@@ -79,18 +80,14 @@ def set_hyperparameters(optimizer, c):
     again after a resume, so that the config given now decides them (a group whose weight decay was 0
     in the checkpoint gets the new value). Weight matrices decay; norms, biases, gates and sinks never do.
     train.py sets group["lr"] = the schedule's learning rate * group["lr_scale"] at every step."""
-    muon_lr = c["muon_learning_rate"] if c["muon_learning_rate"] is not None else c["learning_rate"]
+    muon_lr = c.muon_learning_rate if c.muon_learning_rate is not None else c.learning_rate
     for group in optimizer.param_groups:
         if group["algorithm"] == "muon":
-            group.update(momentum=c["muon_momentum"], adjust_lr_fn=c["muon_adjust_lr"],
-                         lr_scale=muon_lr / c["learning_rate"], weight_decay=c["muon_weight_decay"])
+            group.update(momentum=c.muon_momentum, adjust_lr_fn=c.muon_adjust_lr,
+                         lr_scale=muon_lr / c.learning_rate, weight_decay=c.muon_weight_decay)
         else:
-            group.update(betas=(c["beta1"], c["beta2"]), lr_scale=1.0,
-                         weight_decay=c["weight_decay"] if group["decay"] else 0.0)
-
-
-def local(t):
-    return t.to_local() if isinstance(t, DTensor) else t  # a DTensor's shard on this process
+            group.update(betas=(c.beta1, c.beta2), lr_scale=1.0,
+                         weight_decay=c.weight_decay if group["decay"] else 0.0)
 
 
 class Muon(torch.optim.Muon):
@@ -118,9 +115,9 @@ class Muon(torch.optim.Muon):
                 loss = closure()
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]  # alike on every process
-            updates = self.orthogonalise([local(self.momentum_update(p, group)) for p in params], params, group)
+            updates = self.orthogonalise([local_shard(self.momentum_update(p, group)) for p in params], params, group)
             for p, update in zip(params, updates):  # as torch.optim.Muon, on this process's rows
-                weights = local(p)
+                weights = local_shard(p)
                 weights.mul_(1 - group["lr"] * group["weight_decay"])
                 weights.add_(update, alpha=-_adjust_lr(group["lr"], group["adjust_lr_fn"], p.shape))
         return loss

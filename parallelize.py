@@ -27,6 +27,11 @@ from torch.utils.checkpoint import checkpoint
 from train_config import ACTIVATION_CHECKPOINTING, PARALLELISMS
 
 
+def local_shard(t):
+    """This process's part of a tensor: a DTensor's local shard (FSDP), any other tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def checkpointed_blocks(n_layer, mode):
     """Indices of the blocks whose activations are recomputed in the backward."""
     if mode not in ACTIVATION_CHECKPOINTING:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+import exits
+
 REPO = os.path.dirname(os.path.abspath(__file__))
 
 # dense bf16 tensor-core peak FLOP/s per device (vendor datasheets, no sparsity)
@@ -30,6 +32,10 @@ PEAK_BF16_FLOPS = {
     "L40S": 362e12,
     "A10G": 125e12,
 }
+
+
+# autocast dtypes a run or an evaluation may ask for; "auto" picks per device (resolve_dtype)
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -131,12 +137,10 @@ class StopSignals:
     is noted, and the training loop ends after its current step with a checkpoint. A second one then
     takes its default action at once (KeyboardInterrupt, termination), unless ignore_repeats (under
     torchrun, whose agent forwards the signal it got to ranks that may have got it already)."""
-    EXIT_STATUSES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as a shell reports it
-
     def __init__(self, ignore_repeats=False):
         self.received = None
         self.ignore_repeats = ignore_repeats
-        self.defaults = {signum: signal.signal(signum, self.note) for signum in self.EXIT_STATUSES}
+        self.defaults = {signum: signal.signal(signum, self.note) for signum in exits.SIGNALLED}
 
     def note(self, signum, frame):
         if self.received is not None:
@@ -156,7 +160,7 @@ class StopSignals:
 
     @property
     def exit_status(self):
-        return self.EXIT_STATUSES[self.received] if self.requested else None
+        return exits.SIGNALLED[self.received] if self.requested else None
 
 
 def teardown_runtime(runtime):
@@ -172,8 +176,8 @@ def resolve_dtype(dtype, device_type):
         if device_type == "cuda" and torch.cuda.is_bf16_supported():
             return "bfloat16"
         return "float32"
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     return dtype
 
 

@@ -18,17 +18,18 @@ import errno
 import json
 import math
 import os
+import signal
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import exits
 import train_config
-from checkpoint import Checkpointer, NonFiniteState, clean_run_dir, list_checkpoints, set_aside_run
+from checkpointer import Checkpointer, NonFiniteState, RunState, clean_run_dir, list_checkpoints, set_aside_run
 from configurator import ConfigError
 from dataloader import TrainLoader, val_sequences
 from files import DirectoryLock, DirectoryLocked, write_atomically
@@ -44,48 +45,16 @@ class TrainingStopped(RuntimeError):
     """A condition under which continuing would waste compute or corrupt the run."""
 
 
-class LossSpikeGuard:
-    """A finite blow-up, which the non-finite check cannot see: a train loss above `factor` x the mean of
-    the recent non-spiking losses is a spike. A spiking step's state is not checkpointed (it would
-    become the newest checkpoint, the one a resume takes); `steps` spikes in a row stop the run.
-    Its state goes into checkpoints, so a resumed run judges its steps as the uninterrupted one."""
-
-    def __init__(self, factor, steps, window=50):
-        self.factor, self.steps = factor, steps
-        self.recent = collections.deque(maxlen=window)  # the last non-spiking losses
-        self.in_a_row = 0
-
-    def is_spike(self, loss):
-        """Record this step's loss; True if it is a spike."""
-        if self.factor and len(self.recent) >= 3 and loss > self.factor * sum(self.recent) / len(self.recent):
-            self.in_a_row += 1
-            return True
-        self.in_a_row = 0
-        self.recent.append(loss)
-        return False
-
-    @property
-    def diverged(self):
-        return self.factor > 0 and self.in_a_row >= self.steps
-
-    def state_dict(self):
-        return {"recent": list(self.recent), "in_a_row": self.in_a_row}
-
-    def load_state_dict(self, state):
-        self.recent.clear()
-        self.recent.extend(state["recent"])
-        self.in_a_row = state["in_a_row"]
-
-
 def lr_at(step, c):
-    """Linear warmup to the peak, then cosine decay to min_lr at lr_decay_iters; step counts from 1."""
-    if step <= c["warmup_iters"]:
-        return c["learning_rate"] * step / c["warmup_iters"]
-    decay_iters = c["lr_decay_iters"] or c["max_iters"]
+    """Linear warmup to the peak, then cosine decay to min_lr at lr_decay_iters; step counts from 1.
+"""
+    if step <= c.warmup_iters:
+        return c.learning_rate * step / c.warmup_iters
+    decay_iters = c.lr_decay_iters or c.max_iters
     if step >= decay_iters:
-        return c["min_lr"]
-    ratio = (step - c["warmup_iters"]) / (decay_iters - c["warmup_iters"])
-    return c["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c["learning_rate"] - c["min_lr"])
+        return c.min_lr
+    ratio = (step - c.warmup_iters) / (decay_iters - c.warmup_iters)
+    return c.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c.learning_rate - c.min_lr)
 
 
 @torch.no_grad()
@@ -128,228 +97,356 @@ def sample_text(model, runtime, dtype, seed, max_new_tokens=64):
     return enc.decode([i for i in ids if i < enc.n_vocab])  # the padded ids past GPT-2's vocabulary have no text
 
 
+# -----------------------------------------------------------------------------
+# One step: the guards that judge it, and the step itself (bench.py times this very step)
+
+@dataclass
+class StepResult:
+    loss: float  # mean over micro-steps and processes
+    grad_norm: float  # global, before clipping
+    spike: bool  # a finite loss far above the recent ones: this state is not checkpointed
+    stop_signal: int | None  # a process got SIGTERM or SIGINT: the signal all processes agreed to stop for
+
+
+class Guards:
+    """What stops a run rather than let it train on, judged on every step from its loss (averaged over
+    the processes, so all decide alike) before the update:
+    - a non-finite loss or gradient norm is never applied: skip_nonfinite_steps of them are skipped, one
+      more stops the run without a checkpoint of that state;
+    - a finite blow-up, which that check cannot see: a loss above loss_spike_factor x the mean of the
+      recent non-spiking losses is a spike, not checkpointed; loss_spike_steps in a row stop the run;
+    - a stop signal (SIGTERM, SIGINT) that may reach the processes at different steps: shared through
+      the same all-reduce, so every process stops after the same step with the same exit status.
+    Their state goes into checkpoints, so a resumed run judges its steps as the uninterrupted one."""
+
+    def __init__(self, c, runtime, stop_signals, log=None, window=50):
+        self.c, self.runtime, self.stop_signals, self.log = c, runtime, stop_signals, log
+        self.recent = collections.deque(maxlen=window)  # the last non-spiking losses
+        self.spikes_in_a_row = 0
+        self.skipped = 0
+
+    def is_spike(self, loss):
+        """Record this step's loss; True if it is a spike."""
+        factor = self.c.loss_spike_factor
+        if factor and len(self.recent) >= 3 and loss > factor * sum(self.recent) / len(self.recent):
+            self.spikes_in_a_row += 1
+            return True
+        self.spikes_in_a_row = 0
+        self.recent.append(loss)
+        return False
+
+    @property
+    def diverged(self):
+        return self.c.loss_spike_factor > 0 and self.spikes_in_a_row >= self.c.loss_spike_steps
+
+    def judge(self, step, loss, grad_norm):
+        """The step's StepResult, from its loss (a tensor on the device) and gradient norm; raises
+        TrainingStopped. One small all-reduce and host sync per step."""
+        signalled = self.stop_signals.received if self.stop_signals else None
+        votes = torch.tensor([float(signalled == signum) for signum in exits.SIGNALLED], device=loss.device)
+        shared = torch.cat([loss.reshape(1), votes])
+        if self.runtime.distributed:
+            dist.all_reduce(shared)
+            shared[0] /= self.runtime.world_size
+        loss, votes = shared[0].item(), shared[1:].tolist()
+        grad_norm = grad_norm.item()
+        # SIGTERM wins over SIGINT: a scheduler's stop is the one a launcher must see
+        agreed = [signum for signum, vote in zip(exits.SIGNALLED, votes) if vote > 0]
+        result = StepResult(loss, grad_norm, spike=False, stop_signal=max(agreed) if agreed else None)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            self.skipped += 1
+            if self.skipped > self.c.skip_nonfinite_steps:
+                raise TrainingStopped(
+                    f"non-finite loss or gradient norm at step {step} (loss {loss}, grad norm {grad_norm}); "
+                    f"stopping without writing a checkpoint of this state. The last checkpoint in "
+                    f"{self.c.out_dir} is intact; lower learning_rate or raise warmup_iters")
+            if self.log:
+                self.log.print(f"step {step}: non-finite loss or gradient, step skipped "
+                               f"({self.skipped}/{self.c.skip_nonfinite_steps})")
+            return result
+        result.spike = self.is_spike(loss)
+        if self.diverged:
+            raise TrainingStopped(
+                f"train loss {loss:.4g} at step {step}: {self.spikes_in_a_row} steps in a row above "
+                f"loss_spike_factor={self.c.loss_spike_factor:g} x its recent mean, the run diverged. The "
+                f"spiking steps were not checkpointed; the checkpoints in {self.c.out_dir} (the best validation "
+                f"loss's among them) are intact; lower learning_rate or raise warmup_iters")
+        return result
+
+    def state_dict(self):
+        return {"recent": list(self.recent), "in_a_row": self.spikes_in_a_row}
+
+    def load_state_dict(self, state):
+        self.recent.clear()
+        self.recent.extend(state["recent"])
+        self.spikes_in_a_row = state["in_a_row"]
+
+
+class TrainStep:
+    """One optimizer step, as train.py runs it and bench.py times it: grad_accum micro-steps of forward
+    and backward (gradients reduced across processes on the last one only), the global gradient norm
+    clipped, the guards' verdict, then the update unless they refuse it (a non-finite step)."""
+
+    def __init__(self, train_model, raw_model, optimizer, guards, runtime, dtype, batch_size, grad_accum, grad_clip):
+        self.train_model, self.raw_model, self.optimizer, self.guards = train_model, raw_model, optimizer, guards
+        self.runtime, self.dtype = runtime, dtype
+        self.batch_size, self.grad_accum = batch_size, grad_accum
+        self.max_norm = grad_clip if grad_clip > 0 else float("inf")
+
+    def __call__(self, step, x, y, lr, meanwhile=None):
+        """x, y: this process's batch, grad_accum x batch_size sequences. meanwhile: called once the
+        backward is queued and before the host waits for the device (reading the next batch)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group["lr_scale"]  # Muon's groups may run at their own peak
+        loss_sum = torch.zeros((), device=self.runtime.device)
+        for micro in range(self.grad_accum):
+            rows = slice(micro * self.batch_size, (micro + 1) * self.batch_size)
+            xb = x[rows].to(self.runtime.device, non_blocking=True)
+            yb = y[rows].to(self.runtime.device, non_blocking=True)
+            with gradient_sync(self.train_model, micro == self.grad_accum - 1):
+                with autocast(self.runtime.device_type, self.dtype):
+                    loss = self.train_model(xb, yb)[1]  # the logits are not kept through the backward
+                (loss / self.grad_accum).backward()
+            loss_sum += loss.detach()
+        if meanwhile:
+            meanwhile()
+        grad_norm = clip_grad_norm(self.raw_model.parameters(), self.max_norm)
+        result = self.guards.judge(step, loss_sum / self.grad_accum, grad_norm)
+        if math.isfinite(result.loss) and math.isfinite(result.grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return result
+
+
+# -----------------------------------------------------------------------------
+# The run: setup, resume, the loop
+
 @dataclass
 class Training:
     """What a run trains with, once set up."""
     raw_model: GPT  # the module whose parameters the optimizer and the checkpoints hold
     model: torch.nn.Module  # raw_model compiled, for evaluation (raw_model itself under FSDP)
-    train_model: torch.nn.Module  # what the training step calls: DDP-wrapped, or the sharded model
     optimizer: torch.optim.Optimizer
     loader: TrainLoader
     val_x: torch.Tensor
     val_y: torch.Tensor
     checkpointer: Checkpointer
+    guards: Guards
+    train_step: TrainStep
     dtype: str
     grad_accum: int  # micro-steps per optimizer step on each process
 
 
-def setup(c, runtime):
-    """Data, model, parallelism, optimizer and checkpointer for the run described by c."""
-    dtype = resolve_dtype(c["dtype"], runtime.device_type)
+def build_model(c, runtime, dtype):
+    """(raw model, model to evaluate, model to train, optimizer) of config c on this process's device:
+    the same initialisation on every rank, fitted to the processes by parallelize."""
+    torch.manual_seed(c.seed)
+    raw_model = GPT(c.model_config()).to(runtime.device)
+    # the optimizer comes after parallelize: FSDP replaces the parameters with sharded ones
+    model, train_model = parallelize(raw_model, runtime, dtype, parallelism=c.parallelism, compile=c.compile,
+                                     activation_checkpointing=c.activation_checkpointing,
+                                     reshard_after_forward=c.reshard_after_forward)
+    return raw_model, model, train_model, build_optimizer(raw_model, c, runtime.device_type)
+
+
+def setup(c, runtime, log, stop_signals, run_provenance):
+    """Data, model, parallelism, optimizer, guards and checkpointer for the run described by c."""
+    dtype = resolve_dtype(c.dtype, runtime.device_type)
     if runtime.device_type == "cuda":
         enable_tf32()
-    tokens_per_micro_step = c["batch_size"] * c["block_size"] * runtime.world_size
-    if c["total_batch_size"] % tokens_per_micro_step:
-        raise ConfigError(f"total_batch_size={c['total_batch_size']} is not a multiple of batch_size * block_size * "
-                          f"world_size = {c['batch_size']} * {c['block_size']} * {runtime.world_size}")
-    loader = TrainLoader(c["data_dir"], c["block_size"], c["total_batch_size"], runtime.rank,
-                         runtime.world_size, c["data_seed"], c["vocab_size"])
-    val_x, val_y = val_sequences(c["data_dir"], c["block_size"], c["val_tokens"], c["vocab_size"])
-
-    torch.manual_seed(c["seed"])  # same initialisation on every rank
-    raw_model = GPT(train_config.model_config(c)).to(runtime.device)
-    # the optimizer comes after parallelize: FSDP replaces the parameters with sharded ones
-    model, train_model = parallelize(raw_model, runtime, dtype, parallelism=c["parallelism"], compile=c["compile"],
-                                     activation_checkpointing=c["activation_checkpointing"],
-                                     reshard_after_forward=c["reshard_after_forward"])
-    optimizer = build_optimizer(raw_model, c, runtime.device_type)
-    checkpointer = Checkpointer(c["out_dir"], c["keep_checkpoints"], raw_model, optimizer, loader, runtime,
-                                sharded=is_sharded(raw_model))
-    return Training(raw_model, model, train_model, optimizer, loader, val_x, val_y, checkpointer, dtype,
-                    c["total_batch_size"] // tokens_per_micro_step)
+    tokens_per_micro_step = c.batch_size * c.block_size * runtime.world_size
+    if c.total_batch_size % tokens_per_micro_step:
+        raise ConfigError(f"total_batch_size={c.total_batch_size} is not a multiple of batch_size * block_size * "
+                          f"world_size = {c.batch_size} * {c.block_size} * {runtime.world_size}")
+    grad_accum = c.total_batch_size // tokens_per_micro_step
+    loader = TrainLoader(c.data_dir, c.block_size, c.total_batch_size, runtime.rank, runtime.world_size,
+                         c.data_seed, c.vocab_size)
+    val_x, val_y = val_sequences(c.data_dir, c.block_size, c.val_tokens, c.vocab_size)
+    raw_model, model, train_model, optimizer = build_model(c, runtime, dtype)
+    checkpointer = Checkpointer(c.out_dir, c.keep_checkpoints, raw_model, optimizer, loader, runtime,
+                                sharded=is_sharded(raw_model), config=c.to_dict(), provenance=run_provenance)
+    guards = Guards(c, runtime, stop_signals, log)
+    step = TrainStep(train_model, raw_model, optimizer, guards, runtime, dtype, c.batch_size, grad_accum, c.grad_clip)
+    return Training(raw_model, model, optimizer, loader, val_x, val_y, checkpointer, guards, step, dtype, grad_accum)
 
 
 def resume(c, run, runtime, log):
-    """Continue from the newest readable checkpoint when c asks to; returns the run state it holds
-    (step, best_val_loss, wandb_run_id, elapsed_s, loss_spike_guard), or that of a new run. From scratch,
-    an out_dir holding an earlier run's checkpoints is refused unless overwrite moves them aside: a later
-    resume would otherwise take whichever of the two runs saved last."""
-    fresh = {"step": 0, "best_val_loss": float("inf"), "wandb_run_id": uuid.uuid4().hex[:12], "elapsed_s": 0.0,
-             "loss_spike_guard": None}
-    if c["init_from"] == "scratch":
-        earlier = list_checkpoints(c["out_dir"])
-        if earlier and not c["overwrite"]:
-            raise ConfigError(f"out_dir {c['out_dir']} holds checkpoints of an earlier run (newest "
+    """The RunState to start from: the newest readable checkpoint's when c asks to resume (model,
+    optimizer, loader and RNGs restored), else a new run's. From scratch, an out_dir holding an earlier
+    run's checkpoints is refused unless overwrite moves them aside: a later resume would otherwise take
+    whichever of the two runs saved last."""
+    if c.init_from == "scratch":
+        earlier = list_checkpoints(c.out_dir)
+        if earlier and not c.overwrite:
+            raise ConfigError(f"out_dir {c.out_dir} holds checkpoints of an earlier run (newest "
                               f"{os.path.basename(earlier[-1])}): continue it with --init_from=resume, choose "
                               f"another out_dir, or pass --overwrite=True to move its files aside")
         if earlier and runtime.is_main:
-            log.print(f"overwrite: the earlier run's files are moved to {set_aside_run(c['out_dir'])}")
-        return fresh
-    if not list_checkpoints(c["out_dir"]):
+            log.print(f"overwrite: the earlier run's files are moved to {set_aside_run(c.out_dir)}")
+        return RunState()
+    if not list_checkpoints(c.out_dir):
         # nothing saved yet (a crash before the first checkpoint): resuming means starting over
-        log.print(f"init_from='resume': no checkpoint in {c['out_dir']} yet, starting from scratch")
-        return fresh
-    path, state = run.checkpointer.resume(c)
+        log.print(f"init_from='resume': no checkpoint in {c.out_dir} yet, starting from scratch")
+        return RunState()
+    path, state, saved = run.checkpointer.resume(c.to_dict())
     if path is None:
-        raise FileNotFoundError(f"init_from='resume' but no checkpoint in {c['out_dir']} is readable")
+        raise FileNotFoundError(f"init_from='resume' but no checkpoint in {c.out_dir} is readable")
     set_hyperparameters(run.optimizer, c)  # the config given now decides them, not the checkpoint
-    if len(state["rng"]) != runtime.world_size:
-        log.print(f"note: checkpoint has RNG states of {len(state['rng'])} ranks, resuming on {runtime.world_size}")
-    saved = state["config"]
-    step = state["step"]
-    if step > c["warmup_iters"] and step < c["max_iters"] and lr_at(step, saved) != lr_at(step, c):
-        log.print(f"warning: the learning-rate schedule differs from the checkpoint's (max_iters {saved['max_iters']} "
-                  f"-> {c['max_iters']}, lr_decay_iters {saved['lr_decay_iters']} -> {c['lr_decay_iters']}): at step "
-                  f"{step} the learning rate jumps from {lr_at(step, saved):.3e} to {lr_at(step, c):.3e}. To extend a "
-                  f"run on its old schedule, pass --lr_decay_iters={saved['lr_decay_iters'] or saved['max_iters']}")
+    if state.guards:
+        run.guards.load_state_dict(state.guards)
+    if len(saved["rng"]) != runtime.world_size:
+        log.print(f"note: checkpoint has RNG states of {len(saved['rng'])} ranks, resuming on {runtime.world_size}")
+    before, step = train_config.TrainConfig.from_dict(saved["config"]), state.step
+    if c.warmup_iters < step < c.max_iters and lr_at(step, before) != lr_at(step, c):
+        log.print(f"warning: the learning-rate schedule differs from the checkpoint's (max_iters {before.max_iters} "
+                  f"-> {c.max_iters}, lr_decay_iters {before.lr_decay_iters} -> {c.lr_decay_iters}): at step "
+                  f"{step} the learning rate jumps from {lr_at(step, before):.3e} to {lr_at(step, c):.3e}. To extend "
+                  f"a run on its old schedule, pass --lr_decay_iters={before.lr_decay_iters or before.max_iters}")
     log.print(f"resuming from {path} at step {step}")
-    return {**fresh, **{k: state[k] for k in fresh if k in state}}
+    return state
 
 
-def train_loop(c, run, runtime, log, run_state, run_provenance, stop):
-    """Optimizer steps from the one after run_state["step"] to max_iters, with evaluation, logging,
-    samples and checkpoints at their intervals; after a stop signal, the current step's checkpoint ends it."""
-    start_step, best_val_loss = run_state["step"], run_state["best_val_loss"]
-    flops_per_token = run.raw_model.flops_per_token(c["block_size"])
-    device_peak = peak_flops(runtime.device)
-    meter = ThroughputMeter(flops_per_token, device_peak * runtime.world_size if device_peak else None,
-                            runtime.device_type)
-    started = time.perf_counter()  # elapsed time adds up over resumed runs; ETA uses this process's pace
-    pin = runtime.device_type == "cuda"
+@dataclass
+class StepPlan:
+    """What a step does besides training, decided from the config and the step alone (and a stop)."""
+    evaluate: bool
+    log: bool
+    sample: bool
+    checkpoint: bool
+    stop: bool  # a signal asked to stop: after this step's checkpoint
 
-    def elapsed():
-        return run_state["elapsed_s"] + time.perf_counter() - started
+    @classmethod
+    def at(cls, step, c, stop_requested):
+        last = step == c.max_iters
+        stop = stop_requested and not last
+        evaluate = step % c.eval_interval == 0 or last
+        return cls(evaluate=evaluate,
+                   log=step % c.log_interval == 0 or evaluate or last or stop,
+                   sample=c.sample_interval > 0 and (step % c.sample_interval == 0 or last),
+                   checkpoint=(c.checkpoint_interval > 0 and step % c.checkpoint_interval == 0) or last or stop,
+                   stop=stop)
 
-    def fetch_batch():
-        x, y = run.loader.next_batch()
-        return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
 
-    if c["compile"]:
+class Pace:
+    """Training time and speed: tokens/s and MFU over the steps alone (not evaluation, logging, samples,
+    checkpoints, nor the first step, which compiles), the elapsed training time of the whole run (over
+    resumed processes) and the time left at this process's pace."""
+
+    def __init__(self, run, c, runtime, elapsed_before):
+        peak = peak_flops(runtime.device)
+        self.meter = ThroughputMeter(run.raw_model.flops_per_token(c.block_size),
+                                     peak * runtime.world_size if peak else None, runtime.device_type)
+        self.started, self.elapsed_before = time.perf_counter(), elapsed_before
+        self.first_timed = None  # (step, time) after the first step
+
+    def elapsed(self):
+        return self.elapsed_before + time.perf_counter() - self.started
+
+    def eta(self, step, max_iters):
+        if self.first_timed is None or step <= self.first_timed[0]:
+            return None
+        first_step, first_time = self.first_timed
+        return (time.perf_counter() - first_time) / (step - first_step) * (max_iters - step)
+
+    def step_done(self, tokens, timed):
+        """After a step's training: count its tokens if timed; stop the clock for what follows unless timed."""
+        if self.meter.running:
+            self.meter.count(tokens)
+        if not timed:
+            self.meter.stop()
+
+    def resume(self, step):
+        """After a step's evaluation, logging and checkpoint: the clock runs again for the next step."""
+        if self.first_timed is None:
+            self.first_timed = (step, time.perf_counter())
+        if not self.meter.running:
+            self.meter.start()
+
+
+def log_step(log, c, step, lr, result, pace, val_loss):
+    """One record in metrics.jsonl (and wandb) and one line in the log."""
+    tokens_per_sec, mfu = pace.meter.read()
+    record = {"step": step, "train_loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+              "tokens_per_sec": tokens_per_sec, "mfu": mfu, "peak_mem_gb": peak_memory_gb(pace.meter.device_type),
+              "tokens": step * c.total_batch_size, "elapsed_s": pace.elapsed(), "time": time.time()}
+    if val_loss is not None:
+        record["val_loss"] = val_loss
+    log.log(record)
+    log.print(f"step {step}/{c.max_iters} | loss {result.loss:.4f} | lr {lr:.3e} | grad norm {result.grad_norm:.3f} | "
+              f"{'n/a' if tokens_per_sec is None else f'{tokens_per_sec:,.0f}'} tok/s | "
+              f"mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} | peak mem {record['peak_mem_gb']:.2f} GB | "
+              f"tokens {format_count(record['tokens'])} | elapsed {format_duration(record['elapsed_s'])} | "
+              f"eta {format_duration(pace.eta(step, c.max_iters))}"
+              + (f" | val loss {val_loss:.4f}" if val_loss is not None else ""))
+
+
+def save_checkpoint(run, state, loader_position, result, val_loss, c, log):
+    """The checkpoint of this step, unless its loss spiked; a failed write or a non-finite state stops the run."""
+    if result.spike:
+        log.print(f"step {state.step}: train loss {result.loss:.4g} is a spike (above loss_spike_factor="
+                  f"{c.loss_spike_factor:g} x its recent mean): no checkpoint of this state")
+        return
+    state.guards = run.guards.state_dict()
+    try:
+        path = run.checkpointer.save(state, loader_position, val_loss=val_loss)
+    except NonFiniteState as e:
+        raise TrainingStopped(f"{e}; lower learning_rate or raise warmup_iters") from e
+    except OSError as e:
+        raise TrainingStopped(f"checkpoint write failed at step {state.step}: {e}") from e
+    log.print(f"saved checkpoint {path}")
+
+
+def train_loop(c, run, runtime, log, state):
+    """Optimizer steps from the one after state.step to max_iters, with evaluation, logging, samples and
+    checkpoints where StepPlan says; after a stop signal, the current step's checkpoint ends it.
+    Returns the exit status: 0, or the stop signal's."""
+    if c.compile:
         log.print("compiling the model: the first evaluation and the first step take longer")
-    if start_step == 0:  # the loss of the initialisation: about ln(vocab_size), a check of the setup
-        val_loss = evaluate(run.model, run.val_x, run.val_y, runtime, c["batch_size"], run.dtype)
-        # to the log and wandb; metrics.jsonl holds optimizer steps only, from step 1
-        log.log({"step": 0, "val_loss": val_loss, "tokens": 0}, jsonl=False)
-        log.print(f"step 0/{c['max_iters']} | val loss {val_loss:.4f}")
-
+    if state.step == 0:  # the loss of the initialisation: about ln(vocab_size), a check of the setup
+        val_loss = evaluate(run.model, run.val_x, run.val_y, runtime, c.batch_size, run.dtype)
+        log.log({"step": 0, "val_loss": val_loss, "tokens": 0}, jsonl=False)  # metrics.jsonl: from step 1
+        log.print(f"step 0/{c.max_iters} | val loss {val_loss:.4f}")
+    pace = Pace(run, c, runtime, state.elapsed_s)
     reset_peak_memory(runtime.device_type)  # the first record's peak: training steps, not the evaluation
-    spike_guard = LossSpikeGuard(c["loss_spike_factor"], c["loss_spike_steps"])
-    if run_state["loss_spike_guard"]:
-        spike_guard.load_state_dict(run_state["loss_spike_guard"])
-    batch = fetch_batch()
-    skipped_steps = 0
-    first_timed_step, first_timed_at = None, None  # the ETA leaves out the first step (compilation)
-    for step in range(start_step + 1, c["max_iters"] + 1):
-        last_step = step == c["max_iters"]
+    pin = runtime.device_type == "cuda"
+    batches = collections.deque()  # the next batch, read while the device works through the current step
+
+    def read_batch():
+        x, y = run.loader.next_batch()
+        batches.append((x.pin_memory(), y.pin_memory(), run.loader.state_dict()) if pin else
+                       (x, y, run.loader.state_dict()))  # with the loader's position after it
+
+    read_batch()
+    for step in range(state.step + 1, c.max_iters + 1):
+        x, y, loader_position = batches.popleft()
         lr = lr_at(step, c)
-        for group in run.optimizer.param_groups:
-            group["lr"] = lr * group["lr_scale"]  # Muon's groups may run at their own peak
-
-        x, y = batch
-        loss_sum = torch.zeros((), device=runtime.device)
-        for micro in range(run.grad_accum):
-            rows = slice(micro * c["batch_size"], (micro + 1) * c["batch_size"])
-            xb = x[rows].to(runtime.device, non_blocking=True)
-            yb = y[rows].to(runtime.device, non_blocking=True)
-            # gradients are reduced across processes only on the last micro-step
-            with gradient_sync(run.train_model, micro == run.grad_accum - 1):
-                with autocast(runtime.device_type, run.dtype):
-                    loss = run.train_model(xb, yb)[1]  # the logits are not kept through the backward
-                (loss / run.grad_accum).backward()
-            loss_sum += loss.detach()
-        data_state = run.loader.state_dict()  # the position after this step's batch
-        if not last_step:
-            batch = fetch_batch()  # read while the device works through the queued kernels
-        grad_norm = clip_grad_norm(run.raw_model.parameters(), c["grad_clip"] if c["grad_clip"] > 0 else float("inf"))
-        train_loss = loss_sum / run.grad_accum
-
-        # checked before every update (one small all-reduce and host sync per step): a non-finite loss or
-        # gradient never reaches the weights. The same all-reduce shares a stop request (a signal may reach
-        # the processes at different steps), so every rank sees the same numbers and all decide alike
-        stop_votes = torch.tensor(float(stop.requested), device=runtime.device)
-        if runtime.distributed:
-            shared = torch.stack([train_loss, stop_votes])
-            dist.all_reduce(shared)
-            train_loss, stop_votes = shared[0] / runtime.world_size, shared[1]
-        stopping = stop_votes.item() > 0 and not last_step
-        if math.isfinite(grad_norm.item()) and math.isfinite(train_loss.item()):
-            run.optimizer.step()
-        else:
-            skipped_steps += 1
-            if skipped_steps > c["skip_nonfinite_steps"]:
-                raise TrainingStopped(
-                    f"non-finite loss or gradient norm at step {step} (loss {train_loss.item()}, grad norm "
-                    f"{grad_norm.item()}); stopping without writing a checkpoint of this state. The last "
-                    f"checkpoint in {c['out_dir']} is intact; lower learning_rate or raise warmup_iters")
-            log.print(f"step {step}: non-finite loss or gradient, step skipped "
-                      f"({skipped_steps}/{c['skip_nonfinite_steps']})")
-        spike = math.isfinite(train_loss.item()) and spike_guard.is_spike(train_loss.item())
-        if spike_guard.diverged:
-            raise TrainingStopped(
-                f"train loss {train_loss.item():.4g} at step {step}: {spike_guard.in_a_row} steps in a row above "
-                f"loss_spike_factor={c['loss_spike_factor']:g} x its recent mean, the run diverged. The spiking "
-                f"steps were not checkpointed; the checkpoints in {c['out_dir']} (the best validation loss's "
-                f"among them) are intact; lower learning_rate or raise warmup_iters")
-
-        eval_step = step % c["eval_interval"] == 0 or last_step
-        checkpoint_step = (c["checkpoint_interval"] > 0 and step % c["checkpoint_interval"] == 0) or last_step \
-            or stopping
-        log_step = step % c["log_interval"] == 0 or eval_step or last_step or stopping
-        sample_step = c["sample_interval"] > 0 and (step % c["sample_interval"] == 0 or last_step)
-        run.optimizer.zero_grad(set_to_none=True)
-
-        if meter.running:
-            meter.count(c["total_batch_size"])
-        if log_step or checkpoint_step or sample_step:
-            meter.stop()  # evaluation, logging, samples and checkpoints are not throughput
-        if log_step:
-            tokens_per_sec, mfu = meter.read()
-            now = time.perf_counter()
-            eta = ((now - first_timed_at) / (step - first_timed_step) * (c["max_iters"] - step)
-                   if first_timed_step is not None and step > first_timed_step else None)
-            record = {"step": step, "train_loss": train_loss.item(), "lr": lr, "grad_norm": grad_norm.item(),
-                      "tokens_per_sec": tokens_per_sec, "mfu": mfu, "peak_mem_gb": peak_memory_gb(runtime.device_type),
-                      "tokens": step * c["total_batch_size"], "elapsed_s": elapsed(), "time": time.time()}
-            if eval_step:
-                record["val_loss"] = evaluate(run.model, run.val_x, run.val_y, runtime, c["batch_size"], run.dtype)
-                best_val_loss = min(best_val_loss, record["val_loss"])
-            log.log(record)
-            log.print(f"step {step}/{c['max_iters']} | loss {record['train_loss']:.4f} | lr {lr:.3e} | "
-                      f"grad norm {record['grad_norm']:.3f} | "
-                      f"{'n/a' if tokens_per_sec is None else f'{tokens_per_sec:,.0f}'} tok/s | "
-                      f"mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} | "
-                      f"peak mem {record['peak_mem_gb']:.2f} GB | tokens {format_count(record['tokens'])} | "
-                      f"elapsed {format_duration(record['elapsed_s'])} | eta {format_duration(eta)}"
-                      + (f" | val loss {record['val_loss']:.4f}" if eval_step else ""))
-        if sample_step:
-            text = sample_text(run.raw_model, runtime, run.dtype, seed=c["seed"] + step)
-            log.print(f"step {step} sample: {text!r}")
-        if checkpoint_step and spike:
-            log.print(f"step {step}: train loss {train_loss.item():.4g} is a spike (above loss_spike_factor="
-                      f"{c['loss_spike_factor']:g} x its recent mean): no checkpoint of this state")
-        elif checkpoint_step:
-            run_info = {"config": c, "wandb_run_id": run_state["wandb_run_id"], "best_val_loss": best_val_loss,
-                        "elapsed_s": elapsed(), "provenance": run_provenance,
-                        "loss_spike_guard": spike_guard.state_dict()}
-            try:
-                path = run.checkpointer.save(step, data_state, run_info, val_loss=record["val_loss"] if eval_step else None)
-            except NonFiniteState as e:
-                raise TrainingStopped(f"{e}; lower learning_rate or raise warmup_iters") from e
-            except OSError as e:
-                raise TrainingStopped(f"checkpoint write failed at step {step}: {e}") from e
-            log.print(f"saved checkpoint {path}")
-        if stopping:
-            log.print(f"stopped by {stop.name} after step {step}; continue with --init_from=resume")
-            return
-        if log_step:  # each record's peak memory is that of the training steps since the previous one
+        result = run.train_step(step, x, y, lr, meanwhile=read_batch if step < c.max_iters else None)
+        plan = StepPlan.at(step, c, stop_requested=result.stop_signal is not None)
+        state.step = step
+        pace.step_done(c.total_batch_size, timed=not (plan.log or plan.checkpoint or plan.sample))
+        val_loss = None
+        if plan.evaluate:
+            val_loss = evaluate(run.model, run.val_x, run.val_y, runtime, c.batch_size, run.dtype)
+            state.best_val_loss = min(state.best_val_loss, val_loss)
+        if plan.log:
+            log_step(log, c, step, lr, result, pace, val_loss)
+        if plan.sample:
+            log.print(f"step {step} sample: {sample_text(run.raw_model, runtime, run.dtype, seed=c.seed + step)!r}")
+        if plan.checkpoint:
+            state.elapsed_s = pace.elapsed()
+            save_checkpoint(run, state, loader_position, result, val_loss, c, log)
+        if plan.stop:
+            log.print(f"stopped by {signal.Signals(result.stop_signal).name} after step {step}; "
+                      f"continue with --init_from=resume")
+            return exits.SIGNALLED[result.stop_signal]
+        if plan.log:  # each record's peak memory is that of the training steps since the previous one
             reset_peak_memory(runtime.device_type)
-        if first_timed_step is None:
-            first_timed_step, first_timed_at = step, time.perf_counter()
-            if c["compile"]:
-                log.print(compile_summary())
-        if not meter.running:
-            meter.start()
-    log.print(f"finished {c['max_iters']} steps in {format_duration(elapsed())}; best val loss {best_val_loss:.4f}")
+        if pace.first_timed is None and c.compile:
+            log.print(compile_summary())
+        pace.resume(step)
+    log.print(f"finished {c.max_iters} steps in {format_duration(pace.elapsed())}; "
+              f"best val loss {state.best_val_loss:.4f}")
+    return exits.SIGNALLED[result.stop_signal] if result.stop_signal else 0  # a signal at the last step
 
 
 def lock_run_dir(out_dir, runtime):
@@ -371,84 +468,81 @@ def lock_run_dir(out_dir, runtime):
     return lock
 
 
-def train(c, runtime, log, stop):
-    """The training run described by the resolved config c: setup, resume, loop."""
-    run = setup(c, runtime)
-    lock = lock_run_dir(c["out_dir"], runtime)
+def record_run(c, run, runtime, log, run_provenance):
+    """config.json (and git.diff for uncommitted code) in out_dir, and the run's description in the log."""
+    if runtime.is_main:
+        info = json.dumps({"config": c.to_dict(), "provenance": run_provenance}, indent=2)
+        write_atomically(os.path.join(c.out_dir, "config.json"), lambda f: f.write(info.encode()))
+        if run_provenance["git_dirty"]:  # the commit alone would not reproduce this run
+            diff = git_diff() or ""
+            write_atomically(os.path.join(c.out_dir, "git.diff"), lambda f: f.write(diff.encode()))
+    log.print(f"provenance: {json.dumps(run_provenance)}")
+    log.print(f"config: {json.dumps(c.to_dict())}")
+    log.print(f"model: {run.raw_model.num_params() / 1e6:.2f}M non-embedding parameters, attn_type={c.attn_type}; "
+              f"{c.total_batch_size:,} tokens per step = {runtime.world_size} processes x {run.grad_accum} "
+              f"micro-steps x {c.batch_size} x {c.block_size}; dtype {run.dtype}")
+    strategy = ("fsdp" if run.checkpointer.sharded else "ddp" if runtime.distributed
+                else "none: one process, nothing to shard")
+    log.print(f"parallelism {strategy}; activation checkpointing {c.activation_checkpointing}")
+
+
+def train(c, runtime, log, stop_signals):
+    """The training run described by the resolved config c: setup, resume, loop. Returns the exit status."""
+    run_provenance = provenance(runtime)  # git and device queries: once per run, not per checkpoint
+    run = setup(c, runtime, log, stop_signals, run_provenance)
+    lock = lock_run_dir(c.out_dir, runtime)
     try:
         if runtime.is_main:
-            clean_run_dir(c["out_dir"])  # left by a process killed mid-write
+            clean_run_dir(c.out_dir)  # left by a process killed mid-write
         if runtime.distributed:
             dist.barrier()
-        run_state = resume(c, run, runtime, log)
+        state = resume(c, run, runtime, log)
         if runtime.distributed:
             dist.barrier()  # an overwritten run's files are moved aside before anyone writes
-        run_provenance = provenance(runtime)  # git and device queries: once per run, not per checkpoint
-        if runtime.is_main:
-            info = json.dumps({"config": c, "provenance": run_provenance}, indent=2)
-            write_atomically(os.path.join(c["out_dir"], "config.json"), lambda f: f.write(info.encode()))
-            if run_provenance["git_dirty"]:  # the commit alone would not reproduce this run
-                diff = git_diff() or ""
-                write_atomically(os.path.join(c["out_dir"], "git.diff"), lambda f: f.write(diff.encode()))
-        log.keep_steps_up_to(run_state["step"])
-        log.print(f"provenance: {json.dumps(run_provenance)}")
-        log.print(f"config: {json.dumps(c)}")
-        log.print(f"model: {run.raw_model.num_params() / 1e6:.2f}M non-embedding parameters, attn_type={c['attn_type']}; "
-                  f"{c['total_batch_size']:,} tokens per step = {runtime.world_size} processes x {run.grad_accum} "
-                  f"micro-steps x {c['batch_size']} x {c['block_size']}; dtype {run.dtype}")
-        strategy = ("fsdp" if run.checkpointer.sharded else "ddp" if runtime.distributed
-                    else "none: one process, nothing to shard")
-        log.print(f"parallelism {strategy}; activation checkpointing {c['activation_checkpointing']}")
-        if c["wandb_log"]:
-            log.start_wandb(c["wandb_project"], c["wandb_group"], c["wandb_run_name"], run_state["wandb_run_id"], c)
-        if run_state["step"] >= c["max_iters"]:
-            log.print(f"run already finished: checkpoint step {run_state['step']} >= max_iters {c['max_iters']}")
-            return
-        train_loop(c, run, runtime, log, run_state, run_provenance, stop)
+        record_run(c, run, runtime, log, run_provenance)
+        log.keep_steps_up_to(state.step)
+        if c.wandb_log:
+            log.start_wandb(c.wandb_project, c.wandb_group, c.wandb_run_name, state.wandb_run_id, c.to_dict())
+        if state.step >= c.max_iters:
+            log.print(f"run already finished: checkpoint step {state.step} >= max_iters {c.max_iters}")
+            return 0
+        return train_loop(c, run, runtime, log, state)
     finally:
         if lock:
             lock.release()
 
 
-# exit statuses, for scripts/train_forever.sh and schedulers: only a crash (1, or a signal's default
-# action) is worth relaunching as it is
-EXIT_CONFIG_ERROR = 2  # a bad config, or an out_dir holding another run's checkpoints: nothing was started
-EXIT_STOPPED = 3  # bad data, an unusable checkpoint, a diverged run, a full disk, out_dir in use
-# and, with a checkpoint of the step it stopped after: 130 stopped by SIGINT (Ctrl-C), 143 by SIGTERM
-
-
 def run(argv):
-    """The whole run; returns its exit status. An error that a relaunch cannot fix ends in one line."""
+    """The whole run; returns its exit status (exits.py). An error that a relaunch cannot fix ends in one line."""
     try:
         c, _ = train_config.resolve(argv)
-        if c["wandb_log"] and (problem := wandb_problem()):
+        if c.wandb_log and (problem := wandb_problem()):
             raise ConfigError(problem)
-        runtime = setup_runtime(c["device"], c["backend"])
+        runtime = setup_runtime(c.device, c.backend)
     except (ConfigError, DeviceError) as e:
         print(f"config error: {e}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG_ERROR
+        return exits.CONFIG_ERROR
     # under torchrun the launcher forwards a signal it got to the ranks as well: one stop, not two
-    stop = StopSignals(ignore_repeats=runtime.distributed)
-    log = MetricsLogger(c["out_dir"], enabled=runtime.is_main)
+    stop_signals = StopSignals(ignore_repeats=runtime.distributed)
+    log = MetricsLogger(c.out_dir, enabled=runtime.is_main)
     status = 0
     try:
-        train(c, runtime, log, stop)
-        status = stop.exit_status or 0
+        status = train(c, runtime, log, stop_signals)
     except ConfigError as e:  # found only once the world size or out_dir is known
         print(f"[rank {runtime.rank}] config error: {e}", file=sys.stderr, flush=True)
-        status = EXIT_CONFIG_ERROR
+        status = exits.CONFIG_ERROR
     except (TrainingStopped, ValueError, FileNotFoundError, PermissionError, NotADirectoryError) as e:
         print(f"[rank {runtime.rank}] error: {e}", file=sys.stderr, flush=True)
-        status = EXIT_STOPPED
+        status = exits.STOPPED
     except KeyboardInterrupt:  # a second Ctrl-C: at once, without the checkpoint the first one asked for
-        print(f"[rank {runtime.rank}] interrupted; the checkpoints in {c['out_dir']} are intact",
+        print(f"[rank {runtime.rank}] interrupted; the checkpoints in {c.out_dir} are intact",
               file=sys.stderr, flush=True)
-        status = stop.exit_status or 130
+        status = stop_signals.exit_status or exits.SIGNALLED[signal.SIGINT]
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS):  # a full or read-only disk
             raise  # possibly passing (a network filesystem): a relaunch may get past it
-        print(f"[rank {runtime.rank}] error: {e} (in {c['out_dir']})", file=sys.stderr, flush=True)
-        status = EXIT_STOPPED
+        print(f"[rank {runtime.rank}] error: {e} (in {c.out_dir})", file=sys.stderr, flush=True)
+        status = exits.STOPPED
     finally:
         log.finish()
         if status == 0:

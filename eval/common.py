@@ -17,8 +17,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 import checkpoint  # noqa: E402
+import checkpointer  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
 from dataloader import val_sequences  # noqa: E402
-from runtime import DeviceError, pick_device, resolve_dtype  # noqa: E402
+from model import GPT  # noqa: E402
+from train_config import model_config  # noqa: E402
+from runtime import DTYPES, DeviceError, pick_device, resolve_dtype  # noqa: E402
 from shards import ShardError  # noqa: E402
 
 OUT = "out/eval"  # every script's default --out
@@ -45,7 +49,7 @@ def make_parser(doc, checkpoints="+", data_dir=False, device=True, out=None, pro
                                  "the checkpoint was trained on")
     if device:
         parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, ...")
-        parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+        parser.add_argument("--dtype", default="auto", choices=DTYPES,
                             help=dtype_help)
     if out:
         parser.add_argument("--out", default=OUT, help=f"directory for {out} (default {OUT})")
@@ -172,28 +176,49 @@ def first_sentence(message):
     return lines[0].split(". ")[0] if lines else ""
 
 
+def load_model(path, device="cpu"):
+    """A GPT in eval mode from a checkpoint (a file or a sharded directory), or from the newest
+    checkpoint in a run directory, in this process alone. Returns (model, resolved run config)."""
+    if os.path.isdir(path) and not checkpoint.is_sharded_checkpoint(path):  # a run directory
+        found, state = checkpointer.load_latest_checkpoint(path, map_location=device)
+        if found is None:
+            raise FileNotFoundError(f"no checkpoint in {path}")
+        path = found
+    else:
+        state = checkpoint.load_checkpoint_file(path, map_location=device)
+    model = GPT(model_config(state["config"]))
+    if os.path.isdir(path):
+        model_state = model.state_dict()
+        with checkpoint.single_process_quietly(), checkpoint.dcp_errors(path):
+            dcp.load({"model": model_state}, checkpoint_id=path, no_dist=True)  # reads the model only
+        model.load_state_dict(model_state)
+    else:
+        model.load_state_dict(state["model"])
+    return model.to(device).eval(), state["config"]
+
+
 def check_checkpoint_path(path):
     """Exit, naming path, if it neither exists nor holds a checkpoint: the cheap checks, before any loading."""
     if not os.path.exists(path):
         cannot_load(path, "no such file or directory")
-    if os.path.isdir(path) and not (checkpoint.is_sharded_checkpoint(path) or checkpoint.list_checkpoints(path)):
+    if os.path.isdir(path) and not (checkpoint.is_sharded_checkpoint(path) or checkpointer.list_checkpoints(path)):
         cannot_load(path, "no checkpoint (ckpt_<step>.pt or ckpt_<step>/) in this directory")
 
 
 def load(path, device):
-    """checkpoint.load_model(path, device): (model, resolved training config). If the checkpoint cannot
+    """load_model(path, device): (model, resolved training config). If the checkpoint cannot
     be loaded, exit with one line naming it and why. The newer checkpoints of a run directory that
     load_model skips as unreadable are named in one warning line each."""
     check_checkpoint_path(path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            loaded, error = checkpoint.load_model(path, device), None
+            loaded, error = load_model(path, device), None
         except (Exception, CheckpointException) as e:  # CheckpointException derives from BaseException only
             loaded, error = None, e  # truncated zip, bad pickle, failed checksum, missing shard, ...
     skipped = []
     for w in caught:
-        if os.path.abspath(w.filename) == os.path.abspath(checkpoint.__file__):
+        if os.path.abspath(w.filename) == os.path.abspath(checkpointer.__file__):
             skipped.append(first_sentence(w.message))
         else:  # not ours to reword
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)

@@ -71,8 +71,8 @@ try:
     config, _ = resolve(argv)
 except ConfigError as e:
     sys.exit(f"config error: {e}")
-config["variant"] = variant_name(config)
-print(*(config[key] for key in keys))
+values = {**config.to_dict(), "variant": variant_name(config)}
+print(*(values[key] for key in keys))
 PY
 }
 

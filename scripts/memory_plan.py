@@ -44,25 +44,21 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import dataclass, replace  # noqa: E402
+
+from configurator import key, non_negative, positive  # noqa: E402
 
 
 @dataclass
 class Planner:
-    """The planner's own keys, beside every key of train.py.
-
-    Attributes:
-        world_size: processes (GPUs) the run is spread over
-        gpu_mem_gb: memory of one GPU in GB (1e9 bytes), for the largest micro-batch that fits
-        reserved_gb: memory not available to tensors: CUDA context, NCCL buffers, fragmentation
-        measure: also run one micro-step of this config in this process and print its measured peak
-        json_output: print the plan as one JSON object instead of a table
-    """
-    world_size: int = 8
-    gpu_mem_gb: float = 80.0
-    reserved_gb: float = 4.0
-    measure: bool = False
-    json_output: bool = False
+    """The planner's own keys, beside every key of train.py."""
+    world_size: int = key(8, "processes (GPUs) the run is spread over", check=positive)
+    gpu_mem_gb: float = key(80.0, "memory of one GPU in GB (1e9 bytes), for the largest micro-batch that fits",
+                            check=positive)
+    reserved_gb: float = key(4.0, "memory not available to tensors: CUDA context, NCCL buffers, fragmentation",
+                             check=non_negative)
+    measure: bool = key(False, "also run one micro-step of this config in this process and print its measured peak")
+    json_output: bool = key(False, "print the plan as one JSON object instead of a table")
 
 
 GB = 1e9
@@ -81,7 +77,7 @@ def parameter_counts(c):
     total = sum(p.numel() for p in model.parameters())
     per_block = sum(p.numel() for p in block.parameters())
     hidden = sum(p.numel() for n, p in model.named_parameters() if is_hidden_matrix(n, p))
-    return {"total": total, "block": per_block, "root": total - c["n_layer"] * per_block,
+    return {"total": total, "block": per_block, "root": total - c.n_layer * per_block,
             "linear": linear(model), "block_linear": linear(block), "hidden_matrices": hidden}
 
 
@@ -90,10 +86,10 @@ def plan_target(c, measuring=False):
     unless the config names another device."""
     from runtime import pick_device, resolve_dtype
     if measuring:
-        device_type = pick_device(c["device"]).split(":")[0]
-        return device_type, resolve_dtype(c["dtype"], device_type)
-    device_type = "cuda" if c["device"] == "auto" else c["device"].split(":")[0]
-    dtype = c["dtype"] if c["dtype"] != "auto" else ("bfloat16" if device_type == "cuda" else "float32")
+        device_type = pick_device(c.device).split(":")[0]
+        return device_type, resolve_dtype(c.dtype, device_type)
+    device_type = "cuda" if c.device == "auto" else c.device.split(":")[0]
+    dtype = c.dtype if c.dtype != "auto" else ("bfloat16" if device_type == "cuda" else "float32")
     return device_type, dtype
 
 
@@ -101,27 +97,27 @@ def plan(c, world_size, device_type="cuda", dtype="bfloat16", counts=None):
     """Expected peak memory per GPU in bytes, by component: a dict name -> bytes (and 'total')."""
     from parallelize import checkpointed_blocks
     n = counts or parameter_counts(c)
-    P, L, V, d = n["total"], c["n_layer"], c["vocab_size"], c["n_embd"]
-    head_dim = c["head_dim"] or d // c["n_head"]
-    a = c["n_head"] * head_dim
-    kv = (c.get("n_kv_head") or c["n_head"]) * head_dim
+    P, L, V, d = n["total"], c.n_layer, c.vocab_size, c.n_embd
+    head_dim = c.head_dim or d // c.n_head
+    a = c.n_head * head_dim
+    kv = (c.n_kv_head or c.n_head) * head_dim
     amp = dtype != "float32"
     e = 2 if amp else 4  # bytes per activation element (matmul inputs and outputs)
-    fsdp = c["parallelism"] == "fsdp" and world_size > 1
+    fsdp = c.parallelism == "fsdp" and world_size > 1
     W = world_size if fsdp else 1
     gathered = 2 if fsdp and amp and device_type == "cuda" else 4  # FSDP's all-gather dtype
-    tokens_per_micro_step = c["batch_size"] * c["block_size"] * world_size
-    grad_accum = max(1, c["total_batch_size"] // tokens_per_micro_step)
-    n_ckpt = len(checkpointed_blocks(L, c["activation_checkpointing"]))
+    tokens_per_micro_step = c.batch_size * c.block_size * world_size
+    grad_accum = max(1, c.total_batch_size // tokens_per_micro_step)
+    n_ckpt = len(checkpointed_blocks(L, c.activation_checkpointing))
 
     parts = {"parameters (fp32)": 4 * P / W, "gradients (fp32)": 4 * P / W}
-    if c["optimizer"] == "muon":  # one momentum buffer per hidden matrix, AdamW's two for the rest
+    if c.optimizer == "muon":  # one momentum buffer per hidden matrix, AdamW's two for the rest
         M = n["hidden_matrices"]
         parts["Muon momentum + AdamW states (fp32)"] = (4 * M + 8 * (P - M)) / W
     else:
         parts["AdamW states (fp32)"] = 8 * P / W
     if fsdp:
-        in_flight = n["root"] + min(2, L) * n["block"] if c["reshard_after_forward"] else P
+        in_flight = n["root"] + min(2, L) * n["block"] if c.reshard_after_forward else P
         parts[f"gathered parameters ({'bf16' if gathered == 2 else 'fp32'})"] = gathered * in_flight
         if grad_accum > 1:  # kept unsharded over the micro-steps before the last, in fp32
             parts["unsharded gradients (fp32, micro-steps)"] = 4 * P
@@ -132,9 +128,9 @@ def plan(c, world_size, device_type="cuda", dtype="bfloat16", counts=None):
     if amp and gathered == 4:  # autocast's bf16 weight copies, kept for the backward (not those of checkpointed blocks)
         parts["bf16 weight copies (autocast)"] = 2 * (n["linear"] - n_ckpt * n["block_linear"])
 
-    tokens = c["batch_size"] * c["block_size"]  # scored positions
-    block_tokens = c["batch_size"] * (c["block_size"] + c["n_sinks"])  # sinks go through the blocks
-    block = 8 * d + e * (10 * d + 4 * a + 3 * kv) + 4 * c["n_head"] + 16 + (e * a if c["xsa_gate"] else 0)
+    tokens = c.batch_size * c.block_size  # scored positions
+    block_tokens = c.batch_size * (c.block_size + c.n_sinks)  # sinks go through the blocks
+    block = 8 * d + e * (10 * d + 4 * a + 3 * kv) + 4 * c.n_head + 16 + (e * a if c.xsa_gate else 0)
     kept = (L - n_ckpt) * block + n_ckpt * 4 * d
     outside = 16 + 4 * d + 4 * d + e * d + 4 * V + 16  # ids, targets, embedding, last residual, head input, log-probs
     parts["activations"] = kept * block_tokens + outside * tokens
@@ -149,8 +145,8 @@ def plan(c, world_size, device_type="cuda", dtype="bfloat16", counts=None):
 
 def valid_micro_batches(c, world_size):
     """Micro-batches for which total_batch_size is a whole number of micro-steps."""
-    sequences = c["total_batch_size"] // (c["block_size"] * world_size)
-    if c["total_batch_size"] % (c["block_size"] * world_size):
+    sequences = c.total_batch_size // (c.block_size * world_size)
+    if c.total_batch_size % (c.block_size * world_size):
         return []
     return [b for b in range(1, sequences + 1) if sequences % b == 0]
 
@@ -159,7 +155,7 @@ def largest_micro_batch(c, world_size, budget, device_type, dtype, counts=None):
     """The largest valid micro-batch whose planned peak fits in `budget` bytes, or None."""
     counts = counts or parameter_counts(c)
     fits = [b for b in valid_micro_batches(c, world_size)
-            if plan({**c, "batch_size": b}, world_size, device_type, dtype, counts)["total"] <= budget]
+            if plan(replace(c, batch_size=b), world_size, device_type, dtype, counts)["total"] <= budget]
     return max(fits) if fits else None
 
 
@@ -175,7 +171,7 @@ def measure_peak(c):
     from optimizers import build_optimizer
     from parallelize import apply_activation_checkpointing
     from runtime import autocast, pick_device, set_malloc_thresholds
-    device = pick_device(c["device"])
+    device = pick_device(c.device)
     device_type, dtype = plan_target(c, measuring=True)
     if device_type == "cpu":  # undo runtime.reuse_freed_memory: a freed tensor must leave the resident set
         set_malloc_thresholds(mmap_bytes=64 * 1024, trim_bytes=128 * 1024)  # large blocks mmap'ed; glibc's trim
@@ -188,7 +184,7 @@ def measure_peak(c):
 
     def setup(config):
         model = GPT(model_config(config)).to(device)
-        apply_activation_checkpointing(model, config["activation_checkpointing"])
+        apply_activation_checkpointing(model, config.activation_checkpointing)
         optimizer = build_optimizer(model, config, device_type)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
@@ -202,8 +198,8 @@ def measure_peak(c):
         loss.backward()
 
     torch.manual_seed(0)
-    tiny = {**c, "n_layer": 1, "n_embd": 64, "n_head": 2, "n_kv_head": None, "head_dim": 32, "vocab_size": 256,
-            "block_size": 16, "xsa_layers": None}
+    tiny = replace(c, n_layer=1, n_embd=64, n_head=2, n_kv_head=None, head_dim=32, vocab_size=256, block_size=16,
+                   xsa_layers=None)
     step(setup(tiny)[0], 1)  # loads kernels and thread pools before the baseline
     base = resident()
     model, optimizer = setup(c)  # both kept alive through the step
@@ -212,7 +208,7 @@ def measure_peak(c):
     else:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the high-water mark to the current resident set
-    step(model, c["batch_size"])
+    step(model, c.batch_size)
     if device_type == "cuda":
         return torch.cuda.max_memory_allocated() - base
     with open("/proc/self/status") as f:
@@ -221,49 +217,50 @@ def measure_peak(c):
 
 
 def main():
+    import exits
     import train_config
-    from configurator import ConfigError, keys_of
+    from configurator import ConfigError, config_class
+    PlanConfig = config_class("PlanConfig", *train_config.SECTIONS, Planner, base=train_config.RunConfig)
     try:
-        c, files = train_config.resolve(sys.argv[1:], keys={**train_config.TRAIN_KEYS, **keys_of(Planner)},
-                                        prog="scripts/memory_plan.py")
+        c, files = train_config.resolve(sys.argv[1:], config_class=PlanConfig, prog="scripts/memory_plan.py")
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
-    W = c["world_size"] if not c["measure"] else 1
-    device_type, dtype = plan_target(c, c["measure"])
+        sys.exit(exits.CONFIG_ERROR)
+    W = c.world_size if not c.measure else 1
+    device_type, dtype = plan_target(c, c.measure)
     counts = parameter_counts(c)
     parts = plan(c, W, device_type, dtype, counts)
-    budget = (c["gpu_mem_gb"] - c["reserved_gb"]) * GB
-    largest = {mode: largest_micro_batch({**c, "activation_checkpointing": mode}, W, budget, device_type, dtype, counts)
+    budget = (c.gpu_mem_gb - c.reserved_gb) * GB
+    largest = {mode: largest_micro_batch(replace(c, activation_checkpointing=mode), W, budget, device_type, dtype, counts)
                for mode in ("none", "selective", "block")}
-    result = {"config": files[-1] if files else None, "parallelism": c["parallelism"], "world_size": W,
-              "micro_batch": c["batch_size"], "seq_len": c["block_size"], "dtype": dtype, "device": device_type,
-              "activation_checkpointing": c["activation_checkpointing"], "parameters": counts["total"],
-              "bytes": parts, "gpu_mem_gb": c["gpu_mem_gb"], "largest_micro_batch": largest}
-    if c["measure"]:
+    result = {"config": files[-1] if files else None, "parallelism": c.parallelism, "world_size": W,
+              "micro_batch": c.batch_size, "seq_len": c.block_size, "dtype": dtype, "device": device_type,
+              "activation_checkpointing": c.activation_checkpointing, "parameters": counts["total"],
+              "bytes": parts, "gpu_mem_gb": c.gpu_mem_gb, "largest_micro_batch": largest}
+    if c.measure:
         result["measured_bytes"] = measure_peak(c)
 
-    if c["json_output"]:
+    if c.json_output:
         print(json.dumps(result))
         return
-    tokens_per_micro_step = c["batch_size"] * c["block_size"] * W
-    steps = (f"{c['total_batch_size'] // tokens_per_micro_step} micro-steps per step"
-             if c["total_batch_size"] % tokens_per_micro_step == 0 else
-             f"total_batch_size {c['total_batch_size']:,} is not a whole number of micro-steps")
+    tokens_per_micro_step = c.batch_size * c.block_size * W
+    steps = (f"{c.total_batch_size // tokens_per_micro_step} micro-steps per step"
+             if c.total_batch_size % tokens_per_micro_step == 0 else
+             f"total_batch_size {c.total_batch_size:,} is not a whole number of micro-steps")
     print(f"{result['config'] or 'train.py defaults'}: {counts['total'] / 1e6:,.0f}M parameters, "
-          f"{c['parallelism'] if W > 1 else 'one process'} on {W} {device_type} device{'s' * (W > 1)}, "
-          f"micro-batch {c['batch_size']} x {c['block_size']} tokens ({steps}), {dtype}, "
-          f"activation checkpointing {c['activation_checkpointing']}")
+          f"{c.parallelism if W > 1 else 'one process'} on {W} {device_type} device{'s' * (W > 1)}, "
+          f"micro-batch {c.batch_size} x {c.block_size} tokens ({steps}), {dtype}, "
+          f"activation checkpointing {c.activation_checkpointing}")
     for name, size in parts.items():
         print(f"  {name:<40} {size / GB:8.2f} GB")
     if not valid_micro_batches(c, W):
-        print(f"no micro-batch makes total_batch_size {c['total_batch_size']:,} a whole number of micro-steps "
-              f"of micro-batch x {c['block_size']} tokens x {W} processes")
+        print(f"no micro-batch makes total_batch_size {c.total_batch_size:,} a whole number of micro-steps "
+              f"of micro-batch x {c.block_size} tokens x {W} processes")
     else:
-        print(f"largest micro-batch in {c['gpu_mem_gb']:g} GB ({c['gpu_mem_gb'] - c['reserved_gb']:g} GB for "
+        print(f"largest micro-batch in {c.gpu_mem_gb:g} GB ({c.gpu_mem_gb - c.reserved_gb:g} GB for "
               f"tensors), by activation checkpointing: "
               + ", ".join(f"{m} {b if b else 'none fits'}" for m, b in largest.items()))
-    if c["measure"]:
+    if c.measure:
         measured = result["measured_bytes"]
         print(f"measured peak of one micro-step on this {device_type}: {measured / GB:.2f} GB "
               f"(estimate {parts['total'] / GB:.2f} GB, {100 * (parts['total'] / measured - 1):+.0f}%)")

@@ -32,7 +32,7 @@ python eval/compare.py out/sa_tiny out/xsa_tiny --out out/quickstart
 # what the numbers above rest on: how much text, seen how many times, and by how many seeds
 python - "$TINY_DATA_DIR" "$max_iters" "$tokens_per_step" out/sa_tiny out/xsa_tiny <<'PY'
 import os, sys
-from checkpoint import list_checkpoints
+from checkpointer import list_checkpoints
 from shards import list_shards, read_header
 data_dir, steps, per_step, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 train, val = (sum(read_header(path) for path in list_shards(data_dir, split)) for split in ("train", "val"))

@@ -102,13 +102,14 @@ slot_nproc() {
 # "NAME MAX_ITERS [STEP]": its name (the template with {variant} replaced by the attention variant of its
 # config, as train_config.variant_name spells it: sa, xsa, xsa_gate, xsa_last6, ...), the max_iters it
 # trains to (resolved as train.py resolves it) and the step of the newest checkpoint in
-# SWEEP_DIR/NAME, if it has one, as checkpoint.py names and lists them. One process for the whole
+# SWEEP_DIR/NAME, if it has one, as checkpointer.py lists them. One process for the whole
 # sweep: importing torch once, not once per run.
 plan_runs() {
     "$PYTHON" - "$@" <<'PY'
 import os
 import sys
-from checkpoint import checkpoint_step, list_checkpoints
+from checkpoint import checkpoint_step
+from checkpointer import list_checkpoints
 from configurator import ConfigError
 from train_config import resolve, variant_name
 sweep_dir, argv = sys.argv[1], sys.argv[2:]
@@ -128,7 +129,7 @@ for template, *run_argv in runs:
         sys.exit(f"config error: two runs of this sweep are both {name} (same attention variant and settings)")
     names.add(name)
     steps = [checkpoint_step(path) for path in list_checkpoints(os.path.join(sweep_dir, name))]
-    print(name, config["max_iters"], max(steps, default=""))
+    print(name, config.max_iters, max(steps, default=""))
 PY
 }
 

@@ -111,10 +111,9 @@ def micro_args(data_dir, out_dir, **overrides):
 
 def make_optimizer(model, **overrides):
     """The optimizer train.py would build for model on the CPU, with train.py's defaults and overrides."""
-    from configurator import defaults_of
     from optimizers import build_optimizer
-    from train_config import TRAIN_KEYS, fill_derived
-    return build_optimizer(model, fill_derived({**defaults_of(TRAIN_KEYS), **overrides}), "cpu")
+    from train_config import make_config
+    return build_optimizer(model, make_config(**overrides), "cpu")
 
 
 def run_train(args, nproc=1, check=True, env=None):

@@ -11,31 +11,30 @@ import pytest
 import torch
 
 from conftest import REPO
-from configurator import ConfigError, keys_of, parse_config
+from configurator import ConfigError, config_class, key, keys_of, parse_config, positive, resolve
 
 
 @dataclass
 class Example:
-    """A small schema.
-
-    Attributes:
-        learning_rate: peak learning rate
-        max_iters: total steps
-        compile: torch.compile the model
-        attn_type: the attention
-        head_dim: width of one head;
-            None means n_embd // n_head
-        layers: the last k blocks, or the blocks listed
-    """
-    learning_rate: float = 6e-4
-    max_iters: int = 100
-    compile: bool = True
-    attn_type: Literal["sa", "xsa"] = "sa"
-    head_dim: int | None = None
-    layers: int | str | list[int] | None = None
+    """A small schema."""
+    learning_rate: float = key(6e-4, "peak learning rate", check=positive)
+    max_iters: int = key(100, "total steps")
+    compile: bool = key(True, "torch.compile the model")
+    attn_type: Literal["sa", "xsa"] = key("sa", "the attention")
+    head_dim: int | None = key(None, "width of one head; None means n_embd // n_head")
+    layers: int | str | list[int] | None = key(None, "the last k blocks, or the blocks listed")
 
 
 KEYS = keys_of(Example)
+
+
+@dataclass
+class Derived:
+    """Keys derived from the others, and text keys."""
+    min_lr: float | None = key(None, "final learning rate; None means learning_rate / 10",
+                               derive=lambda c, name: c.learning_rate / 10)
+    run_name: str | None = key(None, "a name")
+    note: str = key("", "some text")
 
 
 def run_train_cli(*args, cwd=REPO):
@@ -43,25 +42,39 @@ def run_train_cli(*args, cwd=REPO):
                           text=True)
 
 
-def test_keys_come_with_default_type_and_meaning():
+def test_keys_come_with_default_type_meaning_and_checks():
     assert list(KEYS) == [f.name for f in fields(Example)]
     assert KEYS["max_iters"].default == 100 and KEYS["max_iters"].type is int
-    assert KEYS["head_dim"].help == "width of one head; None means n_embd // n_head"  # continued lines joined
+    assert KEYS["head_dim"].help == "width of one head; None means n_embd // n_head"
     assert KEYS["learning_rate"].section == "A small schema."
+    assert KEYS["learning_rate"].checks == (positive,) and KEYS["max_iters"].checks == ()
 
 
 def test_a_field_without_a_meaning_is_a_schema_error():
     @dataclass
     class Undocumented:
-        """One key forgotten.
-
-        Attributes:
-            documented: yes
-        """
-        documented: int = 1
+        """One key forgotten."""
+        documented: int = key(1, "yes")
         forgotten: int = 2
     with pytest.raises(TypeError, match="Undocumented.forgotten"):
         keys_of(Undocumented)
+
+
+def test_a_resolved_config_is_read_by_attribute_with_derived_values_and_checks(tmp_path):
+    Config = config_class("Config", Example, Derived)
+    c, files = resolve(Config, ["--learning_rate=2e-3"])
+    assert c.learning_rate == 2e-3 and c.min_lr == pytest.approx(2e-4) and files == []
+    assert c.to_dict()["min_lr"] == c.min_lr and Config.from_dict({**c.to_dict(), "gone": 1}) == c
+    assert resolve(Config, ["--min_lr=0"])[0].min_lr == 0  # a value given is never derived over
+    with pytest.raises(ConfigError, match="learning_rate must be positive, got 0"):
+        resolve(Config, ["--learning_rate=0"])
+
+
+def test_text_keys_take_numeric_looking_values_as_text():
+    Config = config_class("Config", Example, Derived)
+    c, _ = resolve(Config, ["--run_name=2024", "--note=1e-3", "--layers=3"])
+    assert c.run_name == "2024" and c.note == "1e-3"
+    assert c.layers == 3  # an int where the key takes one
 
 
 def test_config_files_then_overrides_in_order(tmp_path):
@@ -109,13 +122,13 @@ def test_config_files_find_what_they_include_from_any_directory(tmp_path, monkey
     import train_config
     monkeypatch.chdir(tmp_path)
     c, _ = train_config.resolve([os.path.join(REPO, "config", "xsa_tiny.py")])
-    assert (c["attn_type"], c["n_layer"], c["out_dir"]) == ("xsa", 4, os.path.join("out", "xsa_tiny"))
+    assert (c.attn_type, c.n_layer, c.out_dir) == ("xsa", 4, os.path.join("out", "xsa_tiny"))
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "base.py").write_text("n_layer = 3\n")
     (tmp_path / "mine" / "xsa_mine.py").write_text("exec(open('base.py').read())\nattn_type = 'xsa'\n")
     monkeypatch.chdir(REPO)
     c, _ = train_config.resolve([str(tmp_path / "mine" / "xsa_mine.py")])
-    assert (c["n_layer"], c["attn_type"], c["wandb_group"]) == (3, "xsa", "mine")
+    assert (c.n_layer, c.attn_type, c.wandb_group) == (3, "xsa", "mine")
     (tmp_path / "mine" / "broken.py").write_text("exec(open('missing.py').read())\n")
     with pytest.raises(ConfigError, match="'missing.py' is neither beside .*broken.py nor in a folder above it"):
         train_config.resolve([str(tmp_path / "mine" / "broken.py")])
@@ -170,7 +183,7 @@ def test_train_key_groups_name_only_config_keys():
 def test_every_model_field_but_context_and_dropout_is_checked_on_resume():
     """A new GPTConfig field is an architecture key unless listed as one a checkpoint may continue with:
     a checkpoint with another value of it is refused."""
-    from checkpoint import architecture_mismatch
+    from checkpointer import architecture_mismatch
     from model import GPTConfig
     import train_config
     assert set(train_config.MODEL_KEYS) == {f.name for f in fields(GPTConfig)} <= set(train_config.TRAIN_KEYS)
@@ -184,7 +197,7 @@ def test_every_model_field_but_context_and_dropout_is_checked_on_resume():
 def test_xsa_layers_takes_an_int_or_the_blocks_in_any_spelling(value, expected):
     import train_config
     c, _ = train_config.resolve(["config/xsa_tiny.py", f"--xsa_layers={value}"])
-    assert c["xsa_layers"] == expected
+    assert c.xsa_layers == expected
     assert train_config.variant_name(c) == (f"xsa_last{expected}" if isinstance(expected, int)
                                             else "xsa_blocks" + expected.replace(",", "-"))
 

@@ -23,7 +23,8 @@ import tiktoken  # noqa: E402
 import yaml  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from checkpoint import list_checkpoints, load_model  # noqa: E402
+from checkpointer import list_checkpoints  # noqa: E402
+from eval.common import load_model  # noqa: E402
 from conftest import HANG_GUARD_S, REPO  # noqa: E402
 from eval.downstream import PAPER_TABLE2, TASKS, make_adapter_class  # noqa: E402
 

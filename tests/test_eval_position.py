@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checkpoint import load_model
 from conftest import HANG_GUARD_S, MICRO, REPO, micro_args, run_train
 from dataloader import val_sequences
+from eval.common import load_model
 from eval.position_loss import bucket_losses, position_losses
 
 

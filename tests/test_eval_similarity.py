@@ -24,7 +24,9 @@ import torch
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from checkpoint import list_checkpoints, load_model, save_sharded_checkpoint
+from checkpoint import save_sharded_checkpoint
+from checkpointer import list_checkpoints
+from eval.common import load_model
 from conftest import HANG_GUARD_S, MICRO, REPO
 from dataloader import val_sequences
 from eval import common
@@ -271,7 +273,7 @@ def test_load_reports_a_distributed_checkpoint_exception_in_one_line(trained_run
         error = ValueError("the metadata names no shard files")
         raise CheckpointException("load failed", {0: (error, traceback.extract_stack())})
 
-    monkeypatch.setattr(common.checkpoint, "load_model", unreadable)
+    monkeypatch.setattr(common, "load_model", unreadable)
     with pytest.raises(SystemExit) as exit_info:
         common.load(trained_runs["sa"], "cpu")
     message = one_line_exit(exit_info, capsys.readouterr().err)

@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from checkpoint import list_checkpoints, load_latest_checkpoint, load_model
+from checkpointer import list_checkpoints, load_latest_checkpoint
+from eval.common import load_model
 from conftest import MICRO, REPO, make_optimizer, micro_args, run_train
 from dataloader import val_sequences
 from metrics import read_metrics
@@ -311,17 +312,17 @@ def test_memory_plan_for_the_paper_configs():
     """Sharding and recomputation lower the planned memory per GPU of the 2.7B model on 8 GPUs."""
     sys.path.insert(0, os.path.join(REPO, "scripts"))
     import memory_plan
-    from configurator import parse_config
-    from train_config import TRAIN_KEYS
-    c, _ = parse_config(TRAIN_KEYS, [os.path.join(REPO, "config", "xsa_2p7b.py")])
+    from dataclasses import replace
+    from train_config import resolve
+    c, _ = resolve([os.path.join(REPO, "config", "xsa_2p7b.py")])
     total = {}
     for parallelism in ("ddp", "fsdp"):
         for mode in ("none", "block"):
-            run = {**c, "parallelism": parallelism, "activation_checkpointing": mode}
+            run = replace(c, parallelism=parallelism, activation_checkpointing=mode)
             total[parallelism, mode] = memory_plan.plan(run, 8)["total"]
     assert total["fsdp", "none"] < total["ddp", "none"] and total["fsdp", "block"] < total["ddp", "block"]
     assert total["ddp", "block"] < total["ddp", "none"] and total["fsdp", "block"] < total["fsdp", "none"]
     assert 2.7e9 < memory_plan.parameter_counts(c)["total"] < 2.9e9
     budget = 76e9
-    assert memory_plan.largest_micro_batch({**c, "parallelism": "ddp"}, 8, budget, "cuda", "bfloat16") < \
-        memory_plan.largest_micro_batch({**c, "parallelism": "fsdp"}, 8, budget, "cuda", "bfloat16")
+    assert memory_plan.largest_micro_batch(replace(c, parallelism="ddp"), 8, budget, "cuda", "bfloat16") < \
+        memory_plan.largest_micro_batch(replace(c, parallelism="fsdp"), 8, budget, "cuda", "bfloat16")

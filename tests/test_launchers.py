@@ -504,7 +504,8 @@ def launch_leader(forever_pid):
 
 
 def newest_checkpoint_step(out_dir):
-    from checkpoint import checkpoint_step, list_checkpoints
+    from checkpoint import checkpoint_step
+    from checkpointer import list_checkpoints
     paths = list_checkpoints(out_dir) if os.path.isdir(out_dir) else []
     return checkpoint_step(paths[-1]) if paths else None
 

@@ -12,7 +12,8 @@ import time
 import pytest
 import torch
 
-from checkpoint import list_checkpoints, load_latest_checkpoint, prune_checkpoints, save_checkpoint
+from checkpoint import save_checkpoint
+from checkpointer import list_checkpoints, load_latest_checkpoint, prune_checkpoints
 from conftest import CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, make_optimizer, micro_args, run_train
 from metrics import read_metrics
 
@@ -300,18 +301,17 @@ def test_full_disk_during_training_exits_3_and_keeps_the_previous_checkpoint(dat
 
 
 def test_checkpointer_refuses_to_save_a_non_finite_state(tmp_path):
-    from checkpoint import Checkpointer, NonFiniteState
+    from checkpointer import Checkpointer, NonFiniteState, RunState
     from model import GPT, GPTConfig
     from runtime import Runtime
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))
     optimizer = make_optimizer(model)
     checkpointer = Checkpointer(str(tmp_path), 2, model, optimizer, loader=None,
                                 runtime=Runtime(0, 0, 1, "cpu", "cpu", False), sharded=False)
-    info = {"config": {}, "wandb_run_id": "x", "best_val_loss": 1.0, "provenance": {}}
     with torch.no_grad():
         model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("inf")
     with pytest.raises(NonFiniteState, match="not finite at step 3"):
-        checkpointer.save(3, {}, info)
+        checkpointer.save(RunState(step=3), {})
     assert os.listdir(tmp_path) == []
 
 
@@ -514,16 +514,19 @@ def test_flipped_bits_in_a_sharded_run_state_are_detected(tmp_path):
 
 
 def test_loss_spike_guard_counts_spikes_in_a_row():
-    from train import LossSpikeGuard
-    guard = LossSpikeGuard(factor=3.0, steps=2)
+    from train import Guards
+    from train_config import make_config
+    guards = lambda **keys: Guards(make_config(**keys), runtime=None, stop_signals=None)  # noqa: E731
+    guard = guards(loss_spike_factor=3.0, loss_spike_steps=2)
     assert [guard.is_spike(x) for x in (10.0, 9.0, 8.0)] == [False] * 3  # too few losses to judge before
     assert guard.is_spike(30.0) and not guard.diverged  # above 3 x 9
-    assert not guard.is_spike(9.0) and guard.in_a_row == 0  # recovered: a spike is not part of the mean
+    assert not guard.is_spike(9.0) and guard.spikes_in_a_row == 0  # recovered: a spike is not part of the mean
     assert guard.is_spike(28.0) and guard.is_spike(1e6) and guard.diverged
-    resumed = LossSpikeGuard(factor=3.0, steps=2)
+    resumed = guards(loss_spike_factor=3.0, loss_spike_steps=2)
     resumed.load_state_dict(guard.state_dict())
     assert list(resumed.recent) == [10.0, 9.0, 8.0, 9.0] and resumed.diverged
-    assert not any(LossSpikeGuard(factor=0, steps=1).is_spike(x) for x in (1.0, 1.0, 1.0, 1e9))  # off
+    off = guards(loss_spike_factor=0, loss_spike_steps=1)
+    assert not any(off.is_spike(x) for x in (1.0, 1.0, 1.0, 1e9))
 
 
 def test_a_finite_blow_up_stops_the_run_and_keeps_the_best_checkpoint(data_dir, tmp_path):

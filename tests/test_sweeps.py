@@ -381,5 +381,5 @@ def test_sweeps_resolve_a_runs_config_as_train_py_does():
                           env=sweep_env())
     assert proc.returncode == 0, proc.stderr
     config, _ = resolve([os.path.join(REPO, a) if a.startswith("config/") else a for a in argv])
-    assert proc.stdout.split() == [str(config[k]) for k in keys] + [variant_name(config)]
+    assert proc.stdout.split() == [str(getattr(config, k)) for k in keys] + [variant_name(config)]
     assert proc.stdout.split()[-1] == "xsa_gate" and float(proc.stdout.split()[-2]) == 2e-5  # min_lr derived

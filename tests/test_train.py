@@ -94,7 +94,7 @@ def test_missing_data_dir_is_a_clear_error(tmp_path):
 
 def test_wandb_offline_run_gets_config_and_resumed_run_keeps_its_id(data_dir, tmp_path):
     import torch
-    from checkpoint import list_checkpoints
+    from checkpointer import list_checkpoints
     out = str(tmp_path / "run")
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}  # its files go to <out_dir>/wandb
     settings = dict(max_iters=2, eval_interval=2, checkpoint_interval=1, wandb_log=True,

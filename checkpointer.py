@@ -1,0 +1,224 @@
+"""
+A run's checkpoints over its life: writing the whole training state at a step, keeping the newest
+few and the best, cleaning up after a killed writer, and resuming from the newest one that loads,
+refusing one of another architecture. The format of one checkpoint is checkpoint.py's.
+"""
+
+import glob
+import math
+import os
+import shutil
+import time
+import uuid
+import warnings
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+
+from checkpoint import (checkpoint_path, checkpoint_step, load_checkpoint_file, load_training_state, rng_state,
+                        save_checkpoint, save_sharded_checkpoint, set_rng_state, CHECKPOINT_PATTERN)
+from files import fsync_dir, remove_temp_files
+from parallelize import local_shard
+from train_config import ARCHITECTURE_KEYS
+
+RUN_FILES = ("metrics.jsonl", "train.log", "config.json", "git.diff")  # a run's logs, beside its checkpoints
+
+
+def list_checkpoints(out_dir):
+    """Checkpoint paths in out_dir, files and sharded directories alike, oldest first."""
+    paths = []
+    for path in glob.glob(os.path.join(out_dir, "ckpt_*")):
+        match = CHECKPOINT_PATTERN.fullmatch(os.path.basename(path))
+        if match and (os.path.isfile(path) if match.group(2) else os.path.isdir(path)):
+            paths.append(path)
+    return sorted(paths, key=lambda p: (checkpoint_step(p), os.path.getmtime(p)))
+
+
+def remove_checkpoint(path):
+    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def prune_checkpoints(out_dir, keep, known_good, protected=None):
+    """Delete the checkpoints older than the newest `keep` of those known to be readable (written by
+    this run, or loaded by it): an unreadable checkpoint never counts as kept, so a readable one is
+    never deleted in its favour. `protected` (the checkpoint of the best validation loss) is never
+    deleted: after a blow-up, the newest checkpoints may all be of the diverged run."""
+    good = [p for p in list_checkpoints(out_dir) if p in known_good]
+    if keep <= 0 or len(good) < keep:
+        return
+    oldest_kept = checkpoint_step(good[-keep])
+    for path in list_checkpoints(out_dir):
+        if checkpoint_step(path) < oldest_kept and path != protected:
+            remove_checkpoint(path)
+
+
+def clean_run_dir(out_dir):
+    """Clean up after a process killed mid-write: remove checkpoint temp files and directories
+    (ckpt_*.pt.tmp<pid>, ckpt_*.tmp/) and metrics/config temp files. A sharded checkpoint moved aside
+    to be replaced by a new one of the same step (ckpt_*.old/) is put back if the new one never
+    arrived. Complete checkpoints are never touched."""
+    for old in glob.glob(os.path.join(out_dir, "ckpt_*.old")):
+        if os.path.exists(old[:-len(".old")]):
+            shutil.rmtree(old)
+        else:
+            os.replace(old, old[:-len(".old")])
+    remove_temp_files(out_dir, ("ckpt_*.tmp*", "metrics.jsonl.tmp*", "config.json.tmp*"))
+
+
+def set_aside_run(out_dir):
+    """Move an earlier run's checkpoints and logs into out_dir/replaced_<time>/ (a run started from
+    scratch with overwrite): nothing is deleted, and nothing of it is resumed or appended to."""
+    aside = os.path.join(out_dir, time.strftime("replaced_%Y%m%d-%H%M%S"))
+    os.makedirs(aside)
+    for path in list_checkpoints(out_dir) + [os.path.join(out_dir, name) for name in RUN_FILES]:
+        if os.path.exists(path):
+            os.replace(path, os.path.join(aside, os.path.basename(path)))
+    fsync_dir(out_dir)
+    return aside
+
+
+def load_latest_checkpoint(out_dir, map_location="cpu"):
+    """The newest checkpoint in out_dir that loads, skipping (with a warning naming it) any that
+    is truncated or corrupt. Returns (path, state), or (None, None) if there is none. Under torchrun
+    every process calls it, and all take the same checkpoint: one that every process could read."""
+    for path in reversed(list_checkpoints(out_dir)):
+        state, error = None, None
+        try:
+            state = load_checkpoint_file(path, map_location)
+        except (Exception, CheckpointException) as e:  # truncated zip, bad pickle, missing shard, ...: the previous one
+            error = f"{type(e).__name__}: {e}"
+        if dist.is_initialized():
+            failed = [None] * dist.get_world_size()
+            dist.all_gather_object(failed, error)
+            error = error or next((f"on rank {r}: {e}" for r, e in enumerate(failed) if e), None)
+        if error is None:
+            return path, state
+        warnings.warn(f"skipping unreadable checkpoint {path}: {error}")
+    return None, None
+
+
+def architecture_mismatch(saved_config, config):
+    """Names and values of the architecture keys that differ between two configs."""
+    return {k: (saved_config.get(k), config.get(k)) for k in ARCHITECTURE_KEYS
+            if saved_config.get(k) != config.get(k)}
+
+
+def check_architecture(saved_config, config, path):
+    diff = architecture_mismatch(saved_config, config)
+    if diff:
+        details = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
+        raise ValueError(f"checkpoint {path} has a different architecture ({details})")
+
+
+class NonFiniteState(ValueError):
+    """Model or optimizer state holding NaN or inf: never written as a checkpoint."""
+
+
+@dataclass
+class RunState:
+    """A run's own state, beyond its model, optimizer, data position and RNG: saved whole in every
+    checkpoint (Checkpointer.save) and restored whole from it (Checkpointer.resume), nowhere else."""
+    step: int = 0  # optimizer steps taken
+    wandb_run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # a resumed run continues it
+    elapsed_s: float = 0.0  # training time, summed over the processes that continued the run
+    best_val_loss: float = math.inf  # the lowest validation loss of any evaluation
+    best_checkpoint: dict | None = None  # {"path": file name, "val_loss"} of the best checkpoint: never pruned
+    guards: dict | None = None  # the guards' state (train.Guards.state_dict), so a resumed run judges alike
+
+    @classmethod
+    def from_checkpoint(cls, state):
+        """The run state of a checkpoint's contents; a field an older checkpoint lacks keeps its default."""
+        return cls(**{f.name: state[f.name] for f in fields(cls) if f.name in state})
+
+
+class Checkpointer:
+    """Saves and restores a run's whole training state: model, optimizer, the data loader's position,
+    every rank's RNG states, the run's own state (RunState), and its config and provenance. Every rank
+    calls save() and resume(); a model sharded by FSDP gets a DCP directory, any other a single file
+    written by rank 0. Keeps the newest `keep` readable checkpoints, and the best validation loss's."""
+
+    def __init__(self, out_dir, keep, model, optimizer, loader, runtime, sharded, config=None, provenance=None):
+        self.out_dir, self.keep = out_dir, keep
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.runtime, self.sharded = runtime, sharded
+        self.config, self.provenance = config or {}, provenance or {}  # recorded in every checkpoint
+        self.known_good = set()  # checkpoints this run wrote or loaded: the only ones pruning counts
+
+    def gather_rng_states(self):
+        """Every rank's RNG state, in rank order."""
+        state = rng_state(self.runtime.device_type)
+        if not self.runtime.distributed:
+            return [state]
+        states = [None] * self.runtime.world_size
+        dist.all_gather_object(states, state)
+        return states
+
+    def state_is_finite(self):
+        """True on every rank if no parameter or optimizer state of any rank holds NaN or inf."""
+        tensors = [p for p in self.model.parameters()]
+        tensors += [t for s in self.optimizer.state.values() for t in s.values()
+                    if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        flags = [torch.isfinite(local_shard(t)).all() for t in tensors]
+        bad = (~torch.stack(flags).all()).float().reshape(1) if flags else torch.zeros(1)
+        if self.runtime.distributed:
+            bad = bad.to(self.runtime.device)
+            dist.all_reduce(bad)
+        return bad.item() == 0
+
+    def save(self, run_state, loader_state, val_loss=None):
+        """Write the checkpoint of run_state.step (val_loss: the validation loss of this step, if evaluated),
+        then prune, keeping the checkpoint of the best validation loss whatever its age; run_state's
+        best_checkpoint follows. Refuses (NonFiniteState) a state that holds NaN or inf; a failed write raises
+        OSError on every rank and leaves the previous checkpoints and run_state as they were."""
+        step = run_state.step
+        if not self.state_is_finite():
+            raise NonFiniteState(f"the model or optimizer state is not finite at step {step}; "
+                                 f"it was not saved, the last checkpoint in {self.out_dir} is intact")
+        best = run_state.best_checkpoint
+        if val_loss is not None and (best is None or val_loss < best["val_loss"]):
+            best = {"path": os.path.basename(checkpoint_path(self.out_dir, step, self.sharded)), "val_loss": val_loss}
+        state = {**asdict(run_state), "best_checkpoint": best, "loader": loader_state,
+                 "rng": self.gather_rng_states(), "config": self.config, "provenance": self.provenance}
+        path, error = None, None
+        try:
+            if self.sharded:  # every rank writes its shards
+                path = save_sharded_checkpoint(self.model, self.optimizer, state, self.out_dir, step)
+            elif self.runtime.is_main:
+                state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict())
+                path = save_checkpoint(state, self.out_dir, step)
+        except OSError as e:
+            error = e
+        failed = torch.tensor([0.0 if error is None else 1.0], device=self.runtime.device)
+        if self.runtime.distributed:
+            dist.all_reduce(failed)
+        if failed.item():
+            raise error or OSError(f"could not write checkpoint of step {step} on another rank")
+        run_state.best_checkpoint = best
+        if self.runtime.is_main:
+            self.known_good.add(path)
+            protected = os.path.join(self.out_dir, best["path"]) if best else None
+            prune_checkpoints(self.out_dir, self.keep, self.known_good, protected)
+        return path
+
+    def resume(self, config):
+        """Load the newest readable checkpoint into the model, optimizer, loader and RNGs. Returns
+        (path, its RunState, the rest of what it holds but model and optimizer: config, rng, ...), or
+        (None, None, None) if out_dir holds none. config: this run's, as a dict."""
+        path, state = load_latest_checkpoint(self.out_dir)
+        if path is None:
+            return None, None, None
+        check_architecture(state["config"], config, path)
+        saved_optimizer = state["config"].get("optimizer", "adamw")
+        if saved_optimizer != config["optimizer"]:  # its state would not fit this optimizer's
+            raise ValueError(f"checkpoint {path} was trained with optimizer={saved_optimizer!r}, not "
+                             f"{config['optimizer']!r}: resume it with --optimizer={saved_optimizer}")
+        load_training_state(path, state, self.model, self.optimizer)  # either format, any parallelism
+        self.loader.load_state_dict(state["loader"])
+        states = state["rng"]
+        set_rng_state(states[self.runtime.rank % len(states)], self.runtime.device_type)
+        self.known_good.add(path)
+        state.pop("model", None)
+        state.pop("optimizer", None)
+        return path, RunState.from_checkpoint(state), state
