@@ -23,9 +23,10 @@ from torch.nn import functional as F
 ATTN_TYPES = ("sa", "xsa")
 
 
-def key(default, meaning):
-    """A hyperparameter with its one-line meaning, which `python train.py --help` shows."""
-    return field(default=default, metadata={"help": meaning})
+def key(default, meaning, variant=None):
+    """A hyperparameter with its one-line meaning, which `python train.py --help` shows. variant: for a key
+    that makes an attention variant, how run names spell its value (None: no part of the name)."""
+    return field(default=default, metadata={"help": meaning, "variant": variant})
 
 
 @dataclass
@@ -38,11 +39,14 @@ class GPTConfig:
     n_kv_head: int | None = key(None, "key/value heads (GQA: n_head a multiple of it; 1 is MQA); None means n_head")
     n_embd: int = key(768, "model (residual stream) width")
     head_dim: int | None = key(None, "width of one head; None means n_embd // n_head")
-    attn_type: Literal[ATTN_TYPES] = key("sa", '"sa": standard self-attention, "xsa": exclusive self-attention')
-    xsa_gate: bool = key(False, "XSA only: z = y - tanh(alpha) * proj, alpha per head, zero-init (starts as SA)")
+    attn_type: Literal[ATTN_TYPES] = key("sa", '"sa": standard self-attention, "xsa": exclusive self-attention',
+                                         variant=str)
+    xsa_gate: bool = key(False, "XSA only: z = y - tanh(alpha) * proj, alpha per head, zero-init (starts as SA)",
+                         variant=lambda on: "gate" if on else None)
     xsa_layers: int | str | list[int] | None = key(
         None, 'XSA only, in some blocks: the last k (an int), or the blocks listed ([0, 5, 11] or "0,5,11"); '
-              'None: every block')
+              'None: every block',
+        variant=lambda k: None if k is None else f"last{k}" if isinstance(k, int) else "blocks" + k.replace(",", "-"))
     n_sinks: int = key(0, "learned sink tokens prepended to every sequence (StreamingLLM-style); never scored")
     rope_theta: float = key(10000.0, "RoPE base frequency")
     bias: bool = key(False, "biases in Linear and LayerNorm layers")

@@ -185,8 +185,9 @@ TRAIN_KEYS = TrainConfig.keys
 # values of (a longer context: RoPE has no learned positions; dropout): a checkpoint resumes only into a
 # run with the same values
 ARCHITECTURE_KEYS = tuple(k for k in MODEL_KEYS if k not in ("block_size", "dropout"))
-# the attention variant, which a comparison sets against the SA baseline within one setting
-VARIANT_KEYS = ("attn_type", "xsa_gate", "xsa_layers")
+# the attention variant, which a comparison sets against the SA baseline within one setting: the model keys
+# whose field says how run names spell them
+VARIANT_KEYS = tuple(f.name for f in fields(GPTConfig) if f.metadata.get("variant"))
 # runs of two variants with the same values here form a pair: same initialisation, same batches
 PAIRING_KEYS = tuple(f.name for f in fields(Seeds))
 # where and how a run is named, logged, launched, guarded or parallelised: never what it trains
@@ -199,14 +200,9 @@ def variant_name(config):
     "xsa_blocks0-5-11" (in blocks 0, 5 and 11), "xsa_gate_last6". Keys a config lacks (runs of an older
     train.py) have their defaults."""
     values = config if isinstance(config, dict) else config.to_dict()
-    value = lambda name: values.get(name, TRAIN_KEYS[name].default)
-    parts = [value("attn_type")]
-    if value("xsa_gate"):
-        parts.append("gate")
-    layers = value("xsa_layers")
-    if layers is not None:
-        parts.append(f"last{layers}" if isinstance(layers, int) else "blocks" + str(layers).replace(",", "-"))
-    return "_".join(parts)
+    spellings = {f.name: f.metadata["variant"] for f in fields(GPTConfig) if f.name in VARIANT_KEYS}
+    parts = [spell(values.get(name, TRAIN_KEYS[name].default)) for name, spell in spellings.items()]
+    return "_".join(part for part in parts if part is not None)
 
 
 def model_config(config):

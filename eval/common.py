@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
 import checkpoint  # noqa: E402
+import exits  # noqa: E402
 import checkpointer  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from dataloader import val_sequences  # noqa: E402
@@ -27,7 +28,6 @@ from shards import ShardError  # noqa: E402
 
 OUT = "out/eval"  # every script's default --out
 DTYPE_HELP = "autocast dtype of the forward pass; auto: bfloat16 on GPUs that support it, else float32"
-EXIT_FAILED = 3  # as train.py's: a stop that running again unchanged cannot fix (2 is a bad flag)
 
 
 def make_parser(doc, checkpoints="+", data_dir=False, device=True, out=None, progress=False,
@@ -106,13 +106,7 @@ def progress(iterable, quiet=False, **tqdm_args):
 
 def fail(message):
     print(message, file=sys.stderr)
-    sys.exit(EXIT_FAILED)
-
-
-def one_line(e):
-    """An exception as 'Type: first line': the libraries' own messages run to paragraphs."""
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    sys.exit(exits.STOPPED)
 
 
 def output_dir(out):
@@ -125,7 +119,7 @@ def output_dir(out):
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as e:
-        fail(f"cannot write in --out {out} ({one_line(e)}); give a writable directory with --out")
+        fail(f"cannot write in --out {out} ({exits.one_line(e)}); give a writable directory with --out")
     return out
 
 
@@ -136,7 +130,7 @@ def write_text(out, name, text):
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as e:
-        fail(f"cannot write {path} ({one_line(e)}); give a writable directory with --out")
+        fail(f"cannot write {path} ({exits.one_line(e)}); give a writable directory with --out")
     return path
 
 
@@ -156,7 +150,7 @@ def save_figure(fig, out, name):
         fig.tight_layout()
         fig.savefig(path, dpi=120)
     except OSError as e:
-        fail(f"cannot write {path} ({one_line(e)}); give a writable directory with --out")
+        fail(f"cannot write {path} ({exits.one_line(e)}); give a writable directory with --out")
     finally:
         plt.close(fig)
     return path

@@ -30,7 +30,9 @@ import tiktoken  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import exits  # noqa: E402
 from eval import common  # noqa: E402
+from hub_access import hub_problem  # noqa: E402
 from runtime import autocast  # noqa: E402
 
 # task -> (column, headline metric), in the paper's column order
@@ -283,19 +285,15 @@ def hub_dataset(entry):
 
 
 def check_hub(repo_id, task):
-    """Exit at once when the Hub cannot be read, where datasets would retry for half a minute and end
-    in a 40-line traceback. One metadata request: it fails fast offline and honours proxy settings.
-    In offline mode datasets reads its local cache and makes no request: nothing to check."""
+    """Exit at once when the Hub cannot be read (hub_access.hub_problem). In offline mode datasets reads
+    its local cache and makes no request: nothing to check."""
     offline = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
     if any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in offline):
         return
-    from huggingface_hub import HfApi
-    try:
-        HfApi().dataset_info(repo_id, timeout=10)
-    except Exception as e:
-        common.fail(f"cannot read {repo_id} (the data of task {task}) from the Hugging Face Hub "
-                    f"({common.one_line(e)}); with the data in the local cache, set HF_DATASETS_OFFLINE=1; "
-                    f"{NO_HUB_HINT}")
+    problem = hub_problem(repo_id)
+    if problem:
+        common.fail(f"cannot read {repo_id} (the data of task {task}) from the Hugging Face Hub ({problem}); "
+                    f"with the data in the local cache, set HF_DATASETS_OFFLINE=1; {NO_HUB_HINT}")
 
 
 @contextlib.contextmanager
@@ -335,7 +333,7 @@ def load_tasks(task_manager, names):
                 tasks += task_manager.load([name])["tasks"].values()
         except Exception as e:
             cause = root_cause(e)
-            reason = common.one_line(e) + (f"; {common.one_line(cause)}" if cause is not e else "")
+            reason = exits.one_line(e) + (f"; {exits.one_line(cause)}" if cause is not e else "")
             if name in hub:
                 common.fail(f"cannot load task {name}, {hub[name]} from the Hub ({reason}); offline, its data must be "
                             f"in the local cache (a run with Hub access puts it there); {NO_HUB_HINT}")

@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tiktoken  # noqa: E402
 import torch  # noqa: E402
 
+import exits  # noqa: E402
 from eval import common  # noqa: E402
 from runtime import autocast  # noqa: E402
 
@@ -40,7 +41,7 @@ def main():
             with open(start[len("FILE:"):], encoding="utf-8") as f:
                 start = f.read()
         except (OSError, UnicodeDecodeError) as e:
-            common.fail(f"cannot read the prompt file {start[len('FILE:'):]} ({common.one_line(e)})")
+            common.fail(f"cannot read the prompt file {start[len('FILE:'):]} ({exits.one_line(e)})")
     # the end-of-text token is allowed in the prompt: every training document starts with it
     prompt = enc.encode(start, allowed_special={"<|endoftext|>"})
     idx = torch.tensor([prompt], dtype=torch.long, device=device)

@@ -35,7 +35,7 @@ from files import DirectoryLock
 from shards import read_header, read_shard, write_shard
 
 FINEWEB = os.path.join(REPO, "data", "fineweb")
-sys.path.append(FINEWEB)  # its scripts import their sibling modules (hub_access, paragraphs), as when run
+sys.path.append(FINEWEB)  # its scripts import their sibling modules (paragraphs), as when run
 from paragraphs import split_into_documents  # noqa: E402
 
 PREPARE = os.path.join(FINEWEB, "prepare.py")

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 import tiktoken
 from tqdm import tqdm
 
+import exits
 import shards
 from files import DirectoryLock, DirectoryLocked, remove_temp_files, write_atomically
 from hub_access import check_hub, exit_unreachable
@@ -181,7 +182,7 @@ def iter_hub_documents(dataset, name, start):
     try:
         ds = load_dataset(dataset, name=name, split="train", streaming=True)
     except Exception as e:
-        exit_unreachable(dataset, e, LOCAL_FILES_INSTEAD)
+        exit_unreachable(dataset, exits.one_line(e), LOCAL_FILES_INSTEAD)
     if start:
         ds = ds.skip(start)
     return (example["text"] for example in ds)
