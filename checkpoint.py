@@ -173,13 +173,13 @@ def save_sharded_checkpoint(model, optimizer, state, out_dir, step):
         with single_process_quietly():
             dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp, no_dist=not distributed)
         rank = dist.get_rank() if distributed else 0
-        mine = {os.path.basename(p): file_crc32(p) for p in glob.glob(os.path.join(tmp, f"__{rank}_*.distcp"))}
+        mine = {os.path.basename(p): file_crc32(p) for p in glob.glob(os.path.join(glob.escape(tmp), f"__{rank}_*.distcp"))}
         everyone = [None] * dist.get_world_size() if distributed else [mine]
         if distributed:
             dist.all_gather_object(everyone, mine)
         if main:
             shard_checksums = {name: crc for sums in everyone for name, crc in sums.items()}
-            for p in glob.glob(os.path.join(tmp, "*.distcp")):  # any file DCP named otherwise
+            for p in glob.glob(os.path.join(glob.escape(tmp), "*.distcp")):  # any file DCP named otherwise
                 shard_checksums.setdefault(os.path.basename(p), file_crc32(p))
             with open(os.path.join(tmp, RUN_STATE), "wb") as f:
                 torch.save(with_checksums({**state, "shard_checksums": shard_checksums}), f)

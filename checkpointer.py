@@ -29,7 +29,7 @@ RUN_FILES = ("metrics.jsonl", "train.log", "config.json", "git.diff")  # a run's
 def list_checkpoints(out_dir):
     """Checkpoint paths in out_dir, files and sharded directories alike, oldest first."""
     paths = []
-    for path in glob.glob(os.path.join(out_dir, "ckpt_*")):
+    for path in glob.glob(os.path.join(glob.escape(out_dir), "ckpt_*")):
         match = CHECKPOINT_PATTERN.fullmatch(os.path.basename(path))
         if match and (os.path.isfile(path) if match.group(2) else os.path.isdir(path)):
             paths.append(path)
@@ -59,7 +59,7 @@ def clean_run_dir(out_dir):
     (ckpt_*.pt.tmp<pid>, ckpt_*.tmp/) and metrics/config temp files. A sharded checkpoint moved aside
     to be replaced by a new one of the same step (ckpt_*.old/) is put back if the new one never
     arrived. Complete checkpoints are never touched."""
-    for old in glob.glob(os.path.join(out_dir, "ckpt_*.old")):
+    for old in glob.glob(os.path.join(glob.escape(out_dir), "ckpt_*.old")):
         if os.path.exists(old[:-len(".old")]):
             shutil.rmtree(old)
         else:
@@ -144,7 +144,10 @@ class Checkpointer:
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.runtime, self.sharded = runtime, sharded
         self.config, self.provenance = config or {}, provenance or {}  # recorded in every checkpoint
-        self.known_good = set()  # checkpoints this run wrote or loaded: the only ones pruning counts
+        self.known_good = set()  # checkpoints of this run whose weights gave a healthy next loss: pruning counts these
+        # (step, path, best checkpoint before it) of the newest checkpoint written or resumed from, until the loss
+        # of the step after it, computed with its weights, is known (judge)
+        self.unjudged = None
 
     def gather_rng_states(self):
         """Every rank's RNG state, in rank order."""
@@ -176,7 +179,7 @@ class Checkpointer:
         if not self.state_is_finite():
             raise NonFiniteState(f"the model or optimizer state is not finite at step {step}; "
                                  f"it was not saved, the last checkpoint in {self.out_dir} is intact")
-        best = run_state.best_checkpoint
+        best = previous_best = run_state.best_checkpoint
         if val_loss is not None and (best is None or val_loss < best["val_loss"]):
             best = {"path": os.path.basename(checkpoint_path(self.out_dir, step, self.sharded)), "val_loss": val_loss}
         state = {**asdict(run_state), "best_checkpoint": best, "loader": loader_state,
@@ -196,11 +199,45 @@ class Checkpointer:
         if failed.item():
             raise error or OSError(f"could not write checkpoint of step {step} on another rank")
         run_state.best_checkpoint = best
-        if self.runtime.is_main:
-            self.known_good.add(path)
-            protected = os.path.join(self.out_dir, best["path"]) if best else None
-            prune_checkpoints(self.out_dir, self.keep, self.known_good, protected)
+        self.unjudged = (step, path, previous_best)
+        self.prune(run_state)  # keeps `keep` judged ones besides this one
         return path
+
+    def prune(self, run_state):
+        if self.runtime.is_main:
+            best = run_state.best_checkpoint
+            prune_checkpoints(self.out_dir, self.keep, self.known_good,
+                              os.path.join(self.out_dir, best["path"]) if best else None)
+
+    def judge(self, run_state, step, spike):
+        """After the loss of `step` is known: the newest checkpoint, if it holds the weights that loss was
+        computed with (written or resumed from at step - 1), is kept if the loss is healthy, and set aside
+        as <name>.spiked if it spiked, so that no resume takes the weights that blew up (the loss of a step
+        shows the update of the step before it). Returns the path set aside, or None."""
+        if self.unjudged is None or self.unjudged[0] != step - 1:
+            self.finish(run_state)
+            return None
+        _, path, previous_best = self.unjudged
+        self.unjudged = None
+        if not spike:
+            self.known_good.add(path)
+            self.prune(run_state)
+            return None
+        best = run_state.best_checkpoint
+        if best and best["path"] == os.path.basename(path):
+            run_state.best_checkpoint = previous_best
+        if self.runtime.is_main:
+            os.replace(path, path + ".spiked")
+            fsync_dir(self.out_dir)
+        return path + ".spiked"
+
+    def finish(self, run_state):
+        """At the end of a run (or when no step judges it): the newest checkpoint counts as kept, and
+        pruning goes back to `keep`."""
+        if self.unjudged is not None:
+            self.known_good.add(self.unjudged[1])
+            self.unjudged = None
+            self.prune(run_state)
 
     def resume(self, config):
         """Load the newest readable checkpoint into the model, optimizer, loader and RNGs. Returns
@@ -218,7 +255,8 @@ class Checkpointer:
         self.loader.load_state_dict(state["loader"])
         states = state["rng"]
         set_rng_state(states[self.runtime.rank % len(states)], self.runtime.device_type)
-        self.known_good.add(path)
+        run_state = RunState.from_checkpoint(state)
+        self.unjudged = (run_state.step, path, None)
         state.pop("model", None)
         state.pop("optimizer", None)
-        return path, RunState.from_checkpoint(state), state
+        return path, run_state, state

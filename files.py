@@ -42,7 +42,7 @@ def write_atomically(path, write):
 def remove_temp_files(directory, patterns):
     """Remove what a writer killed mid-write left in `directory`: the files and directories matching
     any of the glob `patterns` (e.g. "*.bin.tmp*"). Call it only while holding the directory's lock."""
-    for path in sorted({p for pattern in patterns for p in glob.glob(os.path.join(directory, pattern))}):
+    for path in sorted({p for pattern in patterns for p in glob.glob(os.path.join(glob.escape(directory), pattern))}):
         shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
 
 

@@ -220,19 +220,28 @@ def reset_peak_memory(device_type):
 
 def peak_memory_gb(device_type):
     """Peak memory since the last reset_peak_memory: the CUDA allocator's peak on GPU, the peak
-    resident set size elsewhere."""
+    resident set size on Linux; on other systems the process's peak resident set since it started."""
     if device_type == "cuda":
         return torch.cuda.max_memory_allocated() / 1e9
-    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux, bytes on macOS
-    return rss_kb * (1 if sys.platform != "darwin" else 1 / 1024) / 1e6
+    try:  # Linux: VmHWM, the high-water mark that reset_peak_memory resets
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1e6
+    except (OSError, StopIteration):  # elsewhere: the process's peak since it started, never reset
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux, bytes on macOS
+        return rss * (1 if sys.platform != "darwin" else 1 / 1024) / 1e6
+
+
+# git, trusting this repository even where another user owns the checkout (a shared cluster directory):
+# it only reads the commit, the dirty flag and the diff
+GIT = ["git", "-c", f"safe.directory={REPO}"]
 
 
 def git_state():
     """(commit, dirty) of the repository this code runs from, or (None, None) outside git."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+        commit = subprocess.run([*GIT, "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                                 text=True, timeout=10).stdout.strip() or None
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+        status = subprocess.run([*GIT, "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                 capture_output=True, text=True, timeout=10).stdout
         return commit, (bool(status.strip()) if commit else None)
     except (OSError, subprocess.SubprocessError):
@@ -242,7 +251,7 @@ def git_state():
 def git_diff():
     """The uncommitted changes to tracked files (`git diff HEAD`), or None outside git."""
     try:
-        return subprocess.run(["git", "diff", "HEAD"], cwd=REPO, capture_output=True, text=True,
+        return subprocess.run([*GIT, "diff", "HEAD"], cwd=REPO, capture_output=True, text=True,
                               timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return None

@@ -89,7 +89,7 @@ def list_shards(data_dir, split):
     """Sorted shard paths of a split ("train" or "val") in data_dir; an error if there are none."""
     if not os.path.isdir(data_dir):
         raise ShardError(f"data directory {data_dir!r} does not exist; run data/fineweb/prepare.py first")
-    paths = sorted(glob.glob(os.path.join(data_dir, f"*_{split}_*.bin")))
+    paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
     if not paths:
         raise ShardError(f"no {split} shards (*_{split}_*.bin) in {data_dir!r}")
     return paths

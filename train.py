@@ -106,6 +106,12 @@ class StepResult:
     grad_norm: float  # global, before clipping
     spike: bool  # a finite loss far above the recent ones: this state is not checkpointed
     stop_signal: int | None  # a process got SIGTERM or SIGINT: the signal all processes agreed to stop for
+    failure: str | None = None  # why the run must stop here (non-finite beyond the skips, diverged)
+
+    @property
+    def blew_up(self):
+        """The weights this step started from gave a spike or a non-finite value."""
+        return self.spike or not (math.isfinite(self.loss) and math.isfinite(self.grad_norm))
 
 
 class Guards:
@@ -113,26 +119,39 @@ class Guards:
     the processes, so all decide alike) before the update:
     - a non-finite loss or gradient norm is never applied: skip_nonfinite_steps of them are skipped, one
       more stops the run without a checkpoint of that state;
-    - a finite blow-up, which that check cannot see: a loss above loss_spike_factor x the mean of the
-      recent non-spiking losses is a spike, not checkpointed; loss_spike_steps in a row stop the run;
+    - a finite blow-up, which that check cannot see: a loss above loss_spike_factor x the run's floor +
+      loss_spike_margin is a spike. The floor is the lowest value an exponential moving average of the
+      losses (spikes left out) has reached, a slow statistic that a slow climb cannot drag up with it. A
+      spiking step's state is not checkpointed, nor the checkpoint whose weights gave the spike kept
+      (Checkpointer.judge); loss_spike_steps spikes in a row stop the run;
     - a stop signal (SIGTERM, SIGINT) that may reach the processes at different steps: shared through
       the same all-reduce, so every process stops after the same step with the same exit status.
     Their state goes into checkpoints, so a resumed run judges its steps as the uninterrupted one."""
+    SMOOTHING = 0.9  # of the moving average: about the last 10 losses
+    SETTLE = 3  # losses in the average before any is judged
 
-    def __init__(self, c, runtime, stop_signals, log=None, window=50):
+    def __init__(self, c, runtime, stop_signals, log=None):
         self.c, self.runtime, self.stop_signals, self.log = c, runtime, stop_signals, log
-        self.recent = collections.deque(maxlen=window)  # the last non-spiking losses
+        self.average, self.seen, self.floor = None, 0, math.inf  # of the non-spiking losses
         self.spikes_in_a_row = 0
         self.skipped = 0
 
+    def threshold(self):
+        """The loss above which a step is a spike; inf while too few losses have been seen, or when off."""
+        if not self.c.loss_spike_factor or self.seen < self.SETTLE:
+            return math.inf
+        return self.c.loss_spike_factor * self.floor + self.c.loss_spike_margin
+
     def is_spike(self, loss):
         """Record this step's loss; True if it is a spike."""
-        factor = self.c.loss_spike_factor
-        if factor and len(self.recent) >= 3 and loss > factor * sum(self.recent) / len(self.recent):
+        if loss > self.threshold():
             self.spikes_in_a_row += 1
             return True
         self.spikes_in_a_row = 0
-        self.recent.append(loss)
+        self.average = loss if self.average is None else self.SMOOTHING * self.average + (1 - self.SMOOTHING) * loss
+        self.seen += 1
+        if self.seen >= self.SETTLE:
+            self.floor = min(self.floor, self.average)
         return False
 
     @property
@@ -140,8 +159,8 @@ class Guards:
         return self.c.loss_spike_factor > 0 and self.spikes_in_a_row >= self.c.loss_spike_steps
 
     def judge(self, step, loss, grad_norm):
-        """The step's StepResult, from its loss (a tensor on the device) and gradient norm; raises
-        TrainingStopped. One small all-reduce and host sync per step."""
+        """The step's StepResult, from its loss (a tensor on the device) and gradient norm; its failure says
+        why the run must stop. One small all-reduce and host sync per step."""
         signalled = self.stop_signals.received if self.stop_signals else None
         votes = torch.tensor([float(signalled == signum) for signum in exits.SIGNALLED], device=loss.device)
         shared = torch.cat([loss.reshape(1), votes])
@@ -156,29 +175,38 @@ class Guards:
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.skipped += 1
             if self.skipped > self.c.skip_nonfinite_steps:
-                raise TrainingStopped(
+                result.failure = (
                     f"non-finite loss or gradient norm at step {step} (loss {loss}, grad norm {grad_norm}); "
                     f"stopping without writing a checkpoint of this state. The last checkpoint in "
                     f"{self.c.out_dir} is intact; lower learning_rate or raise warmup_iters")
-            if self.log:
+            elif self.log:
                 self.log.print(f"step {step}: non-finite loss or gradient, step skipped "
                                f"({self.skipped}/{self.c.skip_nonfinite_steps})")
             return result
+        threshold = self.threshold()
         result.spike = self.is_spike(loss)
+        if result.spike and self.log:
+            self.log.print(f"step {step}: train loss {loss:.4g} is a spike (above {threshold:.4g} = "
+                           f"loss_spike_factor x the run's floor {self.floor:.4g} + loss_spike_margin)")
         if self.diverged:
-            raise TrainingStopped(
-                f"train loss {loss:.4g} at step {step}: {self.spikes_in_a_row} steps in a row above "
-                f"loss_spike_factor={self.c.loss_spike_factor:g} x its recent mean, the run diverged. The "
-                f"spiking steps were not checkpointed; the checkpoints in {self.c.out_dir} (the best validation "
-                f"loss's among them) are intact; lower learning_rate or raise warmup_iters")
+            result.failure = (
+                f"train loss {loss:.4g} at step {step}: {self.spikes_in_a_row} steps in a row above {threshold:.4g} "
+                f"(loss_spike_factor={self.c.loss_spike_factor:g} x the run's floor {self.floor:.4g} + "
+                f"loss_spike_margin={self.c.loss_spike_margin:g}), the run diverged. Neither the spiking steps nor "
+                f"the checkpoint whose weights gave the first spike were kept; the checkpoints in {self.c.out_dir} "
+                f"(the best validation loss's among them) are intact; lower learning_rate or raise warmup_iters")
         return result
 
     def state_dict(self):
-        return {"recent": list(self.recent), "in_a_row": self.spikes_in_a_row}
+        return {"average": self.average, "seen": self.seen, "floor": self.floor, "in_a_row": self.spikes_in_a_row}
 
     def load_state_dict(self, state):
-        self.recent.clear()
-        self.recent.extend(state["recent"])
+        if "recent" in state:  # a checkpoint of the earlier rule: its recent losses start the average
+            recent = state["recent"]
+            self.average, self.seen = (sum(recent) / len(recent), len(recent)) if recent else (None, 0)
+            self.floor = self.average if self.seen >= self.SETTLE else math.inf
+        else:
+            self.average, self.seen, self.floor = state["average"], state["seen"], state["floor"]
         self.spikes_in_a_row = state["in_a_row"]
 
 
@@ -212,7 +240,7 @@ class TrainStep:
             meanwhile()
         grad_norm = clip_grad_norm(self.raw_model.parameters(), self.max_norm)
         result = self.guards.judge(step, loss_sum / self.grad_accum, grad_norm)
-        if math.isfinite(result.loss) and math.isfinite(result.grad_norm):
+        if math.isfinite(result.loss) and math.isfinite(result.grad_norm):  # else skipped (Guards)
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return result
@@ -383,8 +411,11 @@ def log_step(log, c, step, lr, result, pace, val_loss):
 def save_checkpoint(run, state, loader_position, result, val_loss, c, log):
     """The checkpoint of this step, unless its loss spiked; a failed write or a non-finite state stops the run."""
     if result.spike:
-        log.print(f"step {state.step}: train loss {result.loss:.4g} is a spike (above loss_spike_factor="
-                  f"{c.loss_spike_factor:g} x its recent mean): no checkpoint of this state")
+        if state.step == c.max_iters:  # done, but without a final state worth keeping: not a finished run
+            raise TrainingStopped(f"the last step's train loss spiked ({result.loss:.4g}): no final checkpoint "
+                                  f"was written; resume from the newest checkpoint in {c.out_dir}, with a lower "
+                                  f"learning_rate if it spikes again")
+        log.print(f"step {state.step}: no checkpoint of this state (a spike)")
         return
     state.guards = run.guards.state_dict()
     try:
@@ -423,6 +454,10 @@ def train_loop(c, run, runtime, log, state):
         result = run.train_step(step, x, y, lr, meanwhile=read_batch if step < c.max_iters else None)
         plan = StepPlan.at(step, c, stop_requested=result.stop_signal is not None)
         state.step = step
+        if spiked := run.checkpointer.judge(state, step, result.blew_up):
+            log.print(f"step {step}: set aside {spiked}, the checkpoint whose weights gave this step's loss")
+        if result.failure:
+            raise TrainingStopped(result.failure)
         pace.step_done(c.total_batch_size, timed=not (plan.log or plan.checkpoint or plan.sample))
         val_loss = None
         if plan.evaluate:
@@ -436,6 +471,7 @@ def train_loop(c, run, runtime, log, state):
             state.elapsed_s = pace.elapsed()
             save_checkpoint(run, state, loader_position, result, val_loss, c, log)
         if plan.stop:
+            run.checkpointer.finish(state)
             log.print(f"stopped by {signal.Signals(result.stop_signal).name} after step {step}; "
                       f"continue with --init_from=resume")
             return exits.SIGNALLED[result.stop_signal]
@@ -444,6 +480,7 @@ def train_loop(c, run, runtime, log, state):
         if pace.first_timed is None and c.compile:
             log.print(compile_summary())
         pace.resume(step)
+    run.checkpointer.finish(state)
     log.print(f"finished {c.max_iters} steps in {format_duration(pace.elapsed())}; "
               f"best val loss {state.best_val_loss:.4f}")
     return exits.SIGNALLED[result.stop_signal] if result.stop_signal else 0  # a signal at the last step
@@ -451,20 +488,23 @@ def train_loop(c, run, runtime, log, state):
 
 def lock_run_dir(out_dir, runtime):
     """One run per out_dir: rank 0 takes out_dir's lock (creating out_dir), and every rank stops alike
-    if another live process holds it. Returns the lock (None on the other ranks)."""
+    if another live process holds it, or if out_dir cannot be written (read-only, under a file).
+    Returns the lock (None on the other ranks)."""
     lock, error = None, None
     if runtime.is_main:
         try:
             os.makedirs(out_dir, exist_ok=True)
             lock = DirectoryLock(out_dir, ".train.lock").acquire()
         except DirectoryLocked as e:
-            error = str(e)
+            error = f"{e}; two runs in one out_dir would interleave their checkpoints and logs"
+        except OSError as e:
+            error = f"cannot write in out_dir {out_dir} ({exits.one_line(e)}); give a writable out_dir"
     if runtime.distributed:
         shared = [error]
         dist.broadcast_object_list(shared, src=0)
         error = shared[0]
     if error:
-        raise TrainingStopped(f"{error}; two runs in one out_dir would interleave their checkpoints and logs")
+        raise TrainingStopped(error)
     return lock
 
 

@@ -134,9 +134,12 @@ class Guards:
     """When a run stops itself rather than train on (docs/training.md, Guards)."""
     skip_nonfinite_steps: int = key(0, "optimizer steps with a non-finite loss or gradient norm to skip before "
                                        "stopping", check=non_negative)
-    loss_spike_factor: float = key(3.0, "a train loss above this multiple of its recent mean is a spike (not "
-                                        "checkpointed); 0: off", check=(non_negative, spike_factor))
-    loss_spike_steps: int = key(3, "spikes in a row that stop the run (exit 3)", check=non_negative)
+    loss_spike_factor: float = key(1.5, "a train loss above this multiple of the run's floor (the lowest its moving "
+                                        "average reached) plus loss_spike_margin is a spike; 0: off",
+                                   check=(non_negative, spike_factor))
+    loss_spike_margin: float = key(0.5, "nats added to the spike threshold, for the noise of small batches",
+                                   check=non_negative)
+    loss_spike_steps: int = key(3, "spikes in a row that stop the run (exit 3)", check=positive)
 
 
 @dataclass

@@ -12,8 +12,10 @@
 # writes a checkpoint and exits 143) and then requeues the job. The requeued job, like one requeued
 # after a node failure or a preemption, resumes from the newest checkpoint (--init_from=resume). A
 # run that finishes, or that stops with an error no restart fixes (config error, non-finite loss:
-# train.py's status 2 or 3), is not requeued. To continue a run by hand, submit again with
-# --init_from=resume.
+# train.py's status 2 or 3), is not requeued. Nor is a crash (any other status): by choice, since a
+# crash that a bug, a bad node or NCCL caused would most often crash the requeued job too and burn its
+# allocation in a loop; Slurm itself requeues after a node failure. To continue a run by hand, submit
+# again with --init_from=resume.
 # Environment: GPUS_PER_NODE (default: SLURM's count, else 8), MASTER_PORT (default 29500),
 # PYTHON_ENV (a virtualenv to activate on every node, if the job does not inherit one).
 #SBATCH --job-name=xsa

@@ -79,6 +79,7 @@ sweep_begin() {
     [[ -n $SWEEP_PARALLEL ]] || SLOTS=("")
     SLOT_PID=()
     SLOT_RUN=()
+    SLOT_STATUS_FILE=()
     SWEEP_DISPATCHED=0  # for DRY_RUN's round-robin GPU assignment
     PLANNED=() PLANNED_ARGS=()  # the runs sweep_run adds, for sweep_end to start
     SWEEP_RUNS=() RUNS_STARTED=() RUNS_SKIPPED=() RUNS_FAILED=()  # their names, and what became of them
@@ -162,6 +163,14 @@ launch_run() {
     shift 4
     SWEEP_RUNS+=("$name")
     local out_dir="$OUT_ROOT/$SWEEP_NAME/$name"
+    local status_file="$out_dir/exit_status" last
+    last=$(read_exit_status "$status_file")
+    if [[ $last == 2 || $last == 3 ]]; then  # a permanent failure: running it again as it is would fail alike
+        echo "# $name: skip (its last launch stopped with exit status $last, which a relaunch cannot fix; see" \
+            "$out_dir/train.log, then delete $status_file to run it again)"
+        RUNS_FAILED+=("$name")
+        return 0
+    fi
     local args=("$config" "--out_dir=$out_dir" "--wandb_run_name=$name" "--wandb_group=$SWEEP_GROUP"
         "$@" "${PASSTHROUGH[@]}")
     if [[ -n $step ]]; then
@@ -195,16 +204,20 @@ launch_run() {
     fi
     echo "+ ${env_prefix:+$env_prefix }$(quote_command "${cmd[@]}")"
     RUNS_STARTED+=("$name")
+    # train.py writes the status it chose there: torchrun exits 1 whatever its processes chose
+    mkdir -p "$out_dir"
+    rm -f "$status_file"
     if [[ -n $SWEEP_PARALLEL ]]; then
         # parallel runs would interleave on the terminal: each writes to its own console.log
-        mkdir -p "$out_dir"
         echo "#   on CUDA_VISIBLE_DEVICES=$slot, output in $out_dir/console.log"
-        env ${env_prefix:+"$env_prefix"} "${cmd[@]}" >>"$out_dir/console.log" 2>&1 &
+        env ${env_prefix:+"$env_prefix"} TRAIN_EXIT_STATUS_FILE="$status_file" "${cmd[@]}" \
+            >>"$out_dir/console.log" 2>&1 &
     else
-        "${cmd[@]}" &
+        TRAIN_EXIT_STATUS_FILE="$status_file" "${cmd[@]}" &
     fi
     SLOT_PID[i]=$!
     SLOT_RUN[i]=$name
+    SLOT_STATUS_FILE[i]=$status_file
     # in order: wait here (a background job + wait lets the INT/TERM trap stop it at once)
     [[ -n $SWEEP_PARALLEL ]] || reap_slot "$i" wait
 }
@@ -217,14 +230,19 @@ reap_slot() {
     if [[ $mode != wait ]] && kill -0 "$pid" 2>/dev/null; then
         return 1
     fi
-    local status=0
+    local status=0 chosen
     wait "$pid" || status=$?
-    if ((status != 0)); then
-        echo "# ${SLOT_RUN[i]}: FAILED (exit status $status)"
-        RUNS_FAILED+=("${SLOT_RUN[i]}")
-    else
-        echo "# ${SLOT_RUN[i]}: done"
-    fi
+    chosen=$(read_exit_status "${SLOT_STATUS_FILE[i]}")
+    status=${chosen:-$status}
+    case $status in
+        0) echo "# ${SLOT_RUN[i]}: done" ;;
+        2 | 3) echo "# ${SLOT_RUN[i]}: FAILED (exit status $status: a bad config, or a stop that a relaunch cannot" \
+            "fix; see its train.log); a rerun of the sweep skips it" ;;
+        130 | 143) echo "# ${SLOT_RUN[i]}: STOPPED by a signal (exit status $status) after a checkpoint; a rerun" \
+            "of the sweep resumes it" ;;
+        *) echo "# ${SLOT_RUN[i]}: FAILED (exit status $status, a crash); a rerun of the sweep resumes it" ;;
+    esac
+    ((status == 0)) || RUNS_FAILED+=("${SLOT_RUN[i]}")
     SLOT_PID[i]=
 }
 

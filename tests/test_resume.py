@@ -513,22 +513,6 @@ def test_flipped_bits_in_a_sharded_run_state_are_detected(tmp_path):
     assert silent == []
 
 
-def test_loss_spike_guard_counts_spikes_in_a_row():
-    from train import Guards
-    from train_config import make_config
-    guards = lambda **keys: Guards(make_config(**keys), runtime=None, stop_signals=None)  # noqa: E731
-    guard = guards(loss_spike_factor=3.0, loss_spike_steps=2)
-    assert [guard.is_spike(x) for x in (10.0, 9.0, 8.0)] == [False] * 3  # too few losses to judge before
-    assert guard.is_spike(30.0) and not guard.diverged  # above 3 x 9
-    assert not guard.is_spike(9.0) and guard.spikes_in_a_row == 0  # recovered: a spike is not part of the mean
-    assert guard.is_spike(28.0) and guard.is_spike(1e6) and guard.diverged
-    resumed = guards(loss_spike_factor=3.0, loss_spike_steps=2)
-    resumed.load_state_dict(guard.state_dict())
-    assert list(resumed.recent) == [10.0, 9.0, 8.0, 9.0] and resumed.diverged
-    off = guards(loss_spike_factor=0, loss_spike_steps=1)
-    assert not any(off.is_spike(x) for x in (1.0, 1.0, 1.0, 1e9))
-
-
 def test_a_finite_blow_up_stops_the_run_and_keeps_the_best_checkpoint(data_dir, tmp_path):
     """A run resumed at a learning rate that makes it diverge (finite losses in the hundreds): the
     spiking states are never checkpointed, the run stops with exit 3, and the checkpoint of the best
@@ -545,3 +529,34 @@ def test_a_finite_blow_up_stops_the_run_and_keeps_the_best_checkpoint(data_dir, 
     names = [os.path.basename(p) for p in list_checkpoints(out)]
     assert "ckpt_0000008.pt" in names  # the best validation loss: evaluated at step 8, kept
     assert len(names) <= 2  # keep_checkpoints=1, plus the best
+
+
+def test_the_checkpoint_whose_weights_blew_up_is_set_aside_and_the_resume_takes_a_healthy_one(data_dir, tmp_path):
+    """The loss of step N is computed with the weights of checkpoint N-1: when it spikes, that checkpoint is
+    set aside (ckpt_N-1.pt.spiked) instead of being the newest, which a resume would take."""
+    out = str(tmp_path / "run")
+    settings = dict(RESUME, dropout=0.0, checkpoint_interval=1, keep_checkpoints=2)
+    run_train(micro_args(data_dir, out, **settings))
+    blow_up = dict(settings, max_iters=40, lr_decay_iters=40, learning_rate=10.0, grad_clip=0.0, eval_interval=100)
+    proc = run_train(micro_args(data_dir, out, init_from="resume", **blow_up), check=False)
+    assert proc.returncode == 3 and "the run diverged" in proc.stderr
+    first_spike = int(re.search(r"step (\d+): train loss \S+ is a spike", proc.stdout).group(1))
+    assert first_spike == 10  # the update of step 9 (at a learning rate of 10) blew it up
+    assert os.path.exists(os.path.join(out, "ckpt_0000009.pt.spiked"))
+    assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000007.pt", "ckpt_0000008.pt"]
+    resumed = run_train(micro_args(data_dir, out, init_from="resume", **{**settings, "max_iters": 9}))
+    assert "at step 8" in resumed.stdout
+    assert read_metrics(os.path.join(out, "metrics.jsonl"))[-1]["train_loss"] < 11  # healthy weights
+
+
+def test_a_spike_on_the_last_step_is_not_a_finished_run(data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    settings = dict(RESUME, dropout=0.0, checkpoint_interval=1)
+    run_train(micro_args(data_dir, out, **settings))
+    # one step at a learning rate that blows up the weights, then the last step measures them
+    proc = run_train(micro_args(data_dir, out, init_from="resume", **{**settings, "max_iters": 10, "lr_decay_iters": 10,
+                                                                      "learning_rate": 10.0, "grad_clip": 0.0}),
+                     check=False)
+    assert proc.returncode == 3 and "the last step's train loss spiked" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert [os.path.basename(p) for p in list_checkpoints(out)][-1] == "ckpt_0000008.pt"

@@ -268,7 +268,7 @@ def load_manifest(out_dir, settings):
     with the same settings, else an error (never mix two streams in one directory)."""
     path = os.path.join(out_dir, MANIFEST)
     if not os.path.exists(path):
-        if glob.glob(os.path.join(out_dir, "*.bin")):  # not ours: the manifest is written before the first shard
+        if glob.glob(os.path.join(glob.escape(out_dir), "*.bin")):  # not ours: the manifest is written before the first shard
             sys.exit(f"{out_dir} holds shards but no {MANIFEST}; use an empty --out_dir")
         return {"settings": settings, "shards": [], "complete": False}
     with open(path) as f:
@@ -387,7 +387,7 @@ class ShardWriter:
 
 def verify(out_dir):
     """Check every shard's header and size (and the manifest's token counts, if there is one)."""
-    paths = sorted(glob.glob(os.path.join(out_dir, "*_val_*.bin"))) + sorted(glob.glob(os.path.join(out_dir, "*_train_*.bin")))
+    paths = sorted(glob.glob(os.path.join(glob.escape(out_dir), "*_val_*.bin"))) + sorted(glob.glob(os.path.join(glob.escape(out_dir), "*_train_*.bin")))
     if not paths:
         sys.exit(f"verify failed: no *_val_*.bin or *_train_*.bin shards in {out_dir}")
     counts = {}
