@@ -26,6 +26,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from checkpoint import list_checkpoints, load_model  # noqa: E402
 from conftest import HANG_GUARD_S, REPO  # noqa: E402
 from eval.downstream import PAPER_TABLE2, TASKS, make_adapter_class  # noqa: E402
+from fakes.hub import NOWHERE, no_hub_env  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
 # where each task's definition lives inside lm_eval/tasks in lm-eval 0.4.13
@@ -321,11 +322,8 @@ def docs_block(heading):
 
 def offline_env(tmp_path, **extra):
     """No Hub: offline mode, an empty cache of datasets, and an endpoint nothing listens on."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"),
-               HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"), HF_ENDPOINT="http://127.0.0.1:9",
-               NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")  # a proxy must not stand in for the endpoint
-    env.update(extra)
-    return {k: v for k, v in env.items() if v is not None}
+    return no_hub_env(NOWHERE, tmp_path, **{"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                                            "HF_DATASETS_CACHE": str(tmp_path / "hf_datasets"), **extra})
 
 
 def test_the_documented_recipe_without_the_hub_runs_as_written(trained_runs, tmp_path):

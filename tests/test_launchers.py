@@ -3,15 +3,14 @@ relaunch it, signals reaching the training, no training process left behind, and
 outlives its time limit by requeueing itself.
 
 Fake torchrun, nvidia-smi, sbatch, srun, scontrol and scancel (first on PATH) and a fake training
-program stand in for the real ones and record what happens to them; the tests at the end run the
-real torchrun and train.py."""
+program, the programs in tests/fakes/, stand in for the real ones and record what happens to them;
+the tests at the end run the real torchrun and train.py."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -25,175 +24,18 @@ SLURM = os.path.join(REPO, "scripts", "slurm_train.sh")
 LAUNCH_ENV = ("NPROC", "MAX_RESTARTS", "RESTART_DELAY", "CUDA_VISIBLE_DEVICES", "PYTHON", "TMPDIR",
               "TRAIN_EXIT_STATUS_FILE", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
 
-# The training: records what happens to it, stops on SIGINT/SIGTERM after a "checkpoint" as train.py
-# does (a second signal while it saves changes nothing), writes the status it chose to
-# TRAIN_EXIT_STATUS_FILE. FAKE_MODE says what a fresh launch does ("run": until a signal; "exit:N");
-# a resumed one finishes unless FAKE_RESUMED=same. FAKE_AS_TORCHRUN=1 exits 1 for any failure, as
-# torchrun does for its ranks (the Slurm task stands for torchrun and its ranks in one process).
-FAKE_TRAIN = """
-import json, os, signal, sys, time
-argv = sys.argv[1:]
-resumed = "--init_from=resume" in argv
+# the fake programs, one file each in tests/fakes/
+FAKES_DIR = os.path.join(REPO, "tests", "fakes")
+FAKES = ["fake_train", "torchrun", "nvidia-smi", "sbatch", "srun", "scontrol", "scancel"]
 
-def record(event, **extra):
-    with open(os.environ["FAKE_LOG"], "a") as f:
-        f.write(json.dumps(dict(event=event, pid=os.getpid(), rank=os.environ.get("RANK"), argv=argv,
-                                launch=os.environ.get("TRAIN_EXIT_STATUS_FILE"), time=time.time(), **extra)) + "\\n")
 
-def stop(status):
-    path = os.environ.get("TRAIN_EXIT_STATUS_FILE")
-    if path and status in (2, 3, 130, 143):
-        with open(path, "w") as f:
-            f.write(f"{status}\\n")
-    record("exit", status=status)
-    sys.exit(1 if status and os.environ.get("FAKE_AS_TORCHRUN") else status)
-
-stopping = []
-def on_signal(signum, frame):
-    record("signal", signal=signal.Signals(signum).name)
-    if stopping:
-        return
-    stopping.append(signum)
-    time.sleep(0.5)
-    record("checkpoint")
-    stop(128 + signum)
-
-signal.signal(signal.SIGINT, on_signal)
-signal.signal(signal.SIGTERM, on_signal)
-if os.environ.get("FAKE_PID_FILE"):
-    with open(os.environ["FAKE_PID_FILE"], "w") as f:
-        f.write(str(os.getpid()))
-record("start")
-mode = os.environ.get("FAKE_MODE", "run")
-if resumed and os.environ.get("FAKE_RESUMED") != "same":
-    stop(0)
-if mode.startswith("exit:"):
-    stop(int(mode[5:]))
-while True:
-    time.sleep(0.05)
-"""
-
-# torchrun: N ranks of the training, each detached from its process group (setsid) as torchrun
-# starts them, so that they outlive a torchrun killed with -9; a SIGINT/SIGTERM is relayed to them; exit 1 if any failed
-FAKE_TORCHRUN = """
-import json, os, signal, subprocess, sys, time
-args = sys.argv[1:]
-nproc = int(next(a for a in args if a.startswith("--nproc_per_node=")).split("=")[1])
-with open(os.environ["FAKE_LOG"], "a") as f:
-    f.write(json.dumps(dict(event="torchrun", pid=os.getpid(), nproc=nproc, argv=args,
-                            launch=os.environ.get("TRAIN_EXIT_STATUS_FILE"), time=time.time())) + "\\n")
-script = args[args.index("train.py"):]
-ranks = [subprocess.Popen([os.environ["FAKE_TRAIN"], *script], env=dict(os.environ, RANK=str(r)),
-                          start_new_session=True) for r in range(nproc)]
-def relay(signum, frame):
-    for rank in ranks:
-        rank.send_signal(signum)
-signal.signal(signal.SIGINT, relay)
-signal.signal(signal.SIGTERM, relay)
-sys.exit(1 if any([rank.wait() for rank in ranks]) else 0)
-"""
-
-FAKE_NVIDIA_SMI = """
-import os
-for i in range(int(os.environ.get("FAKE_GPUS", "0"))):
-    print(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})")
-"""
-
-# sbatch: runs a copy of the batch script as Slurm would (SLURM_* variables, cwd elsewhere), sends the
-# script's --signal to the batch shell when a run reaches its time limit (FAKE_TIME_LIMITS: how many
-# runs do), or preempts it (FAKE_PREEMPTIONS: SIGTERM to the batch shell and the training at once,
-# then a requeue by Slurm); runs the job again while it is requeued; exits with the last run's status.
-FAKE_SBATCH = """
-import json, os, shutil, signal, subprocess, sys, time
-state, script, args = os.environ["FAKE_SLURM_DIR"], sys.argv[1], sys.argv[2:]
-
-def record(event, **extra):
-    with open(os.environ["FAKE_LOG"], "a") as f:
-        f.write(json.dumps(dict(event=event, time=time.time(), **extra)) + "\\n")
-
-directives = [line.split(None, 1)[1].strip() for line in open(script) if line.startswith("#SBATCH")]
-spool = os.path.join(state, "spool")
-os.makedirs(spool, exist_ok=True)
-shutil.copy(script, os.path.join(spool, "slurm_script"))
-time_limits, preemptions = int(os.environ.get("FAKE_TIME_LIMITS", 0)), int(os.environ.get("FAKE_PREEMPTIONS", 0))
-task_pid = os.path.join(state, "task.pid")
-restarts = 0
-while True:
-    for name in ("task.pid", "requeued"):
-        if os.path.exists(os.path.join(state, name)):
-            os.remove(os.path.join(state, name))
-    env = dict(os.environ, SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node[001-002]", SLURM_JOB_NUM_NODES="2",
-               SLURM_SUBMIT_DIR=os.getcwd(), SLURM_GPUS_ON_NODE="8")
-    if restarts:
-        env["SLURM_RESTART_COUNT"] = str(restarts)
-    record("job_start", restarts=restarts)
-    job = subprocess.Popen(["bash", os.path.join(spool, "slurm_script"), *args], cwd=spool, env=env)
-    preempted = False
-    if restarts < time_limits + preemptions:
-        while not os.path.exists(task_pid) and job.poll() is None:
-            time.sleep(0.05)
-        time.sleep(0.2)
-        if restarts < time_limits:
-            spec = next(d.split("=", 1)[1] for d in directives if d.startswith("--signal="))
-            assert spec.startswith("B:"), spec
-            record("time_limit_warning")
-            job.send_signal(getattr(signal, "SIG" + spec[2:].split("@")[0]))
-        else:
-            record("preempted")
-            preempted = True
-            job.send_signal(signal.SIGTERM)
-            os.kill(int(open(task_pid).read()), signal.SIGTERM)
-    status = job.wait()
-    record("job_end", status=status)
-    if preempted or os.path.exists(os.path.join(state, "requeued")):
-        assert "--requeue" in directives, "a job submitted without --requeue cannot be requeued"
-        restarts += 1
-        continue
-    sys.exit(status)
-"""
-
-# srun: one task (torchrun on every node and its ranks, here one fake training process); like the
-# real srun, a SIGTERM makes it SIGKILL its tasks; exits with the task's status
-FAKE_SRUN = """
-import json, os, signal, subprocess, sys, time
-def record(event, **extra):
-    with open(os.environ["FAKE_LOG"], "a") as f:
-        f.write(json.dumps(dict(event=event, time=time.time(), **extra)) + "\\n")
-record("srun", argv=sys.argv[1:])
-task = subprocess.Popen([os.environ["FAKE_TRAIN"], *sys.argv[1:]], env=dict(
-    os.environ, FAKE_AS_TORCHRUN="1", FAKE_PID_FILE=os.path.join(os.environ["FAKE_SLURM_DIR"], "task.pid")))
-def forcing_termination(signum, frame):
-    record("srun_signal", signal=signal.Signals(signum).name)
-    task.kill()
-signal.signal(signal.SIGTERM, forcing_termination)
-status = task.wait()
-sys.exit(128 - status if status < 0 else status)
-"""
-
-FAKE_SCONTROL = """
-import json, os, sys, time
-args = sys.argv[1:]
-if args[:2] == ["show", "hostnames"]:
-    print("node001\\nnode002")  # node[001-002], the fake sbatch's allocation
-elif args[0] == "requeue":
-    with open(os.environ["FAKE_LOG"], "a") as f:
-        f.write(json.dumps(dict(event="requeue", job=args[1], time=time.time())) + "\\n")
-    open(os.path.join(os.environ["FAKE_SLURM_DIR"], "requeued"), "w").close()
-"""
-
-# scancel --signal=SIG JOB: the signal to every process of the job's steps (the fake training)
-FAKE_SCANCEL = """
-import json, os, signal, sys, time
-args = sys.argv[1:]
-with open(os.environ["FAKE_LOG"], "a") as f:
-    f.write(json.dumps(dict(event="scancel", argv=args, time=time.time())) + "\\n")
-name = next(a.split("=", 1)[1] for a in args if a.startswith("--signal="))
-with open(os.path.join(os.environ["FAKE_SLURM_DIR"], "task.pid")) as f:
-    os.kill(int(f.read()), getattr(signal, "SIG" + name))
-"""
-
-FAKES = {"fake_train": FAKE_TRAIN, "torchrun": FAKE_TORCHRUN, "nvidia-smi": FAKE_NVIDIA_SMI,
-         "sbatch": FAKE_SBATCH, "srun": FAKE_SRUN, "scontrol": FAKE_SCONTROL, "scancel": FAKE_SCANCEL}
+def install_fake(name, path):
+    """tests/fakes/<name> as an executable at path that runs under the interpreter running pytest."""
+    with open(os.path.join(FAKES_DIR, name)) as f:
+        shebang, source = f.read().split("\n", 1)
+    assert shebang.startswith("#!"), f"tests/fakes/{name} has no shebang"
+    path.write_text(f"#!{sys.executable}\n" + source)
+    path.chmod(0o755)
 
 
 @pytest.fixture
@@ -201,10 +43,8 @@ def fakes(tmp_path):
     """A bin directory of fake programs; gives the environment that puts them first on PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, source in FAKES.items():
-        path = bin_dir / name
-        path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(source))
-        path.chmod(0o755)
+    for name in FAKES:
+        install_fake(name, bin_dir / name)
     (tmp_path / "tmp").mkdir()
     (tmp_path / "slurm").mkdir()
     clean = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
@@ -472,9 +312,11 @@ def test_slurm_job_that_ends_by_itself_is_not_requeued(fakes, mode, status):
 def test_slurm_job_that_fails_or_finishes_at_its_time_limit_is_not_requeued(fakes, mode, status):
     """The warning comes while the run is already stopping: an error no restart fixes, or the end."""
     env = {**fakes, "FAKE_MODE": "run"}
-    slow_stop = FAKE_TRAIN.replace("    stop(128 + signum)", f"    stop({mode[5:]})")
-    with open(fakes["FAKE_TRAIN"], "w") as f:
-        f.write(f"#!{sys.executable}\n" + textwrap.dedent(slow_stop))
+    with open(fakes["FAKE_TRAIN"]) as f:
+        source = f.read()
+    assert "    stop(128 + signum)" in source
+    with open(fakes["FAKE_TRAIN"], "w") as f:  # the fake's signal handler stops with mode's status instead
+        f.write(source.replace("    stop(128 + signum)", f"    stop({mode[5:]})"))
     proc, output = submit(env, "config/xsa_2p7b.py", FAKE_TIME_LIMITS="1")
     assert proc.returncode == status, output
     assert len(events(fakes, "srun")) == 1 and not events(fakes, "requeue")

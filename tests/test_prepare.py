@@ -2,11 +2,9 @@
 called directly; its errors on bad input and on an out_dir it cannot write; its progress bar and lock;
 prepare.py, download.py and quickstart.sh without the Hub; and the commands docs/data.md gives."""
 
-import contextlib
 import errno
 import fcntl
 import glob
-import http.server
 import importlib.util
 import io
 import json
@@ -16,12 +14,10 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
 import termios
-import threading
 import time
 
 import numpy as np
@@ -31,6 +27,7 @@ import pytest
 import tiktoken
 
 from conftest import CORPUS, EOT, HANG_GUARD_S, REPO
+from fakes.hub import closed_port, no_hub_env, unavailable_hub
 from files import DirectoryLock
 from shards import read_header, read_shard, write_shard
 
@@ -717,41 +714,6 @@ def test_download_file_list_is_val_then_numbered_train_shards():
 # the Hub out of reach: one line pointing to local files, at once
 
 
-def closed_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class UnavailableHub(http.server.BaseHTTPRequestHandler):
-    """A Hub that answers every request "503 Service Unavailable", the status the libraries retry on,
-    and counts the requests."""
-
-    def do_GET(self):
-        self.server.requests.append(self.requestline)
-        self.send_response(503)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    do_HEAD = do_GET
-
-    def log_message(self, *args):  # quiet
-        pass
-
-
-@contextlib.contextmanager
-def unavailable_hub():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), UnavailableHub)
-    server.requests = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}", server.requests
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 HUB_DOWN = {  # offline mode, and a Hub that is unavailable
     "offline": {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
     "unreachable": {"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0"},
@@ -767,8 +729,7 @@ def run_without_hub(cmd, hub, tmp_path, **env):
     """Run cmd with the Hub down; returns the result and how many requests reached the Hub: counting
     them, not the seconds, tells whether the script gave up at once, whatever the machine's speed."""
     with unavailable_hub() as (endpoint, requests):
-        env = {**os.environ, **HUB_DOWN[hub], "HF_ENDPOINT": endpoint, "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
-               "HF_HOME": str(tmp_path / "hf_home"), **env}  # no cached Hub files either
+        env = no_hub_env(endpoint, tmp_path, **{**HUB_DOWN[hub], **env})  # no cached Hub files either
         result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     return result, len(requests)
 
