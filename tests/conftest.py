@@ -1,5 +1,7 @@
-"""Shared test setup: offline tokenizer, offline wandb, one micro model config and shards built once."""
+"""Shared test setup: offline tokenizer, offline wandb, one micro model config and shards built once, and
+the one way the tests run a script."""
 
+import dataclasses
 import glob
 import os
 import shutil
@@ -117,21 +119,49 @@ def make_optimizer(model, **overrides):
     return build_optimizer(model, fill_derived({**defaults_of(TRAIN_KEYS), **overrides}), "cpu")
 
 
-def run_train(args, nproc=1, check=True, env=None):
-    """Run train.py (or torchrun with nproc processes) from the repo root; returns CompletedProcess.
-    No time limit on one process, which cannot hang; a deadlock between processes ends after HANG_GUARD_S."""
+@dataclasses.dataclass
+class Result:
+    """A finished script: its exit status (also as subprocess's returncode) and what it printed."""
+    args: list
+    status: int
+    stdout: str
+    stderr: str
+
+    @property
+    def returncode(self):
+        return self.status
+
+    @property
+    def output(self):
+        """stdout, then stderr."""
+        return self.stdout + self.stderr
+
+
+def run_script(cmd, *, cwd=REPO, env=None, timeout=None):
+    """Run cmd (a program and its arguments, or a program alone) from cwd, the repo root unless told, and
+    return its Result; a Python script (.py) runs under the interpreter running pytest. env, when given,
+    is the whole environment. No time limit unless told: HANG_GUARD_S where processes may deadlock."""
     import subprocess
+    args = [str(cmd)] if isinstance(cmd, (str, os.PathLike)) else [str(a) for a in cmd]
+    if args[0].endswith(".py"):
+        args.insert(0, sys.executable)
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return Result(args, proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_train(args, nproc=1, check=True, env=None):
+    """Run train.py (or torchrun with nproc processes) from the repo root; returns its Result.
+    No time limit on one process, which cannot hang; a deadlock between processes ends after HANG_GUARD_S."""
     if nproc == 1:
-        cmd = [sys.executable, "train.py", *args]
+        cmd = ["train.py", *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "train.py", *args]
     full_env = {**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, CPU_THREADS // nproc)), **(env or {})}
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=None if nproc == 1 else HANG_GUARD_S,
-                          env=full_env)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
+    result = run_script(cmd, env=full_env, timeout=None if nproc == 1 else HANG_GUARD_S)
+    if check and result.status != 0:
+        raise AssertionError(f"train.py failed ({result.status}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
 
 
 # the SA run learns past the best context-free (unigram) loss; the XSA run is shorter, for evaluation tests
@@ -163,3 +193,4 @@ def train_runs(root, data_dir):
         runs[attn_type] = str(root / attn_type)
         run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, max_iters=steps, **TRAINED_RUN))
     return runs
+

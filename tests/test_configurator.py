@@ -2,15 +2,13 @@
 and their errors, through train.py as users run it."""
 
 import os
-import subprocess
-import sys
 from dataclasses import dataclass, fields
 from typing import Literal
 
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, run_script
 from configurator import ConfigError, keys_of, parse_config
 
 
@@ -39,8 +37,7 @@ KEYS = keys_of(Example)
 
 
 def run_train_cli(*args, cwd=REPO):
-    return subprocess.run([sys.executable, os.path.join(REPO, "train.py"), *args], cwd=cwd, capture_output=True,
-                          text=True)
+    return run_script([os.path.join(REPO, "train.py"), *args], cwd=cwd)
 
 
 def test_keys_come_with_default_type_and_meaning():

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -24,7 +23,7 @@ import yaml  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from checkpoint import list_checkpoints, load_model  # noqa: E402
-from conftest import HANG_GUARD_S, REPO  # noqa: E402
+from conftest import REPO, run_script  # noqa: E402
 from eval.downstream import PAPER_TABLE2, TASKS, make_adapter_class  # noqa: E402
 from fakes.hub import NOWHERE, no_hub_env  # noqa: E402
 
@@ -214,11 +213,10 @@ def fixture_tasks(tmp_path_factory):
 @pytest.fixture(scope="module")
 def downstream_report(trained_runs, fixture_tasks, tmp_path_factory):
     out = tmp_path_factory.mktemp("downstream")
-    proc = subprocess.run(
-        [sys.executable, "eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", trained_runs["xsa"],
+    proc = run_script(
+        ["eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", trained_runs["xsa"],
          "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--batch_size", "4",
-         "--bootstrap_iters", "10", "--paper", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+         "--bootstrap_iters", "10", "--paper", "--out", out])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out / "downstream.json") as f:
         report = json.load(f)
@@ -296,10 +294,9 @@ def test_a_checkpoint_that_cannot_be_loaded_is_named_in_one_line(trained_runs, f
             data = f.read()
         with open(path, "wb") as f:
             f.write(data[:len(data) // 3])
-    proc = subprocess.run(
-        [sys.executable, "eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", path, "--tasks", "boolq",
-         "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = run_script(
+        ["eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", path, "--tasks", "boolq",
+         "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()  # with a truncated file, after lm-eval's progress on SA
     reason = "no such file or directory" if case == "missing" else "truncated"
@@ -340,8 +337,7 @@ def test_the_documented_recipe_without_the_hub_runs_as_written(trained_runs, tmp
     block = docs_block("### Without the Hub")
     assert "--include_path my_tasks/ --no_default_tasks" in block and "--tasks" not in block
     env = offline_env(tmp_path, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    proc = subprocess.run(["bash", "-e", "-c", block], cwd=checkout, capture_output=True, text=True, timeout=HANG_GUARD_S,
-                          env=env)
+    proc = run_script(["bash", "-e", "-c", block], cwd=checkout, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(checkout / "out" / "eval" / "downstream.json") as f:
         report = json.load(f)
@@ -362,9 +358,8 @@ def test_without_the_hub_the_paper_tasks_stop_in_one_line_before_any_model(train
     dataset = load_yaml(installed, resolve_func=False)["dataset_path"]
     env = offline_env(tmp_path, HF_HUB_OFFLINE=None, HF_DATASETS_OFFLINE=None) if mode == "Hub unreachable" \
         else offline_env(tmp_path)
-    proc = subprocess.run([sys.executable, "eval/downstream.py", trained_runs["sa"], "--limit", "20", "--device", "cpu",
-                           "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S,
-                          env=env)
+    proc = run_script(["eval/downstream.py", trained_runs["sa"], "--limit", "20", "--device", "cpu",
+                       "--out", tmp_path / "out"], env=env)
     assert proc.returncode == 3, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "evaluating" not in proc.stdout, proc.stderr[-3000:]
@@ -395,9 +390,8 @@ def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs,
         data.write_text(good[0] + '{"question": "is it cut off\n' + "".join(good[1:]))
     elif case == "not an object":
         data.write_text(good[0] + "[1, 2]\n")
-    proc = subprocess.run([sys.executable, "eval/downstream.py", trained_runs["sa"], "--include_path", str(tasks),
-                           "--no_default_tasks", "--device", "cpu", "--out", str(tmp_path / "out")],
-                          cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S, env=offline_env(tmp_path))
+    proc = run_script(["eval/downstream.py", trained_runs["sa"], "--include_path", tasks,
+                       "--no_default_tasks", "--device", "cpu", "--out", tmp_path / "out"], env=offline_env(tmp_path))
     assert proc.returncode == 3, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "evaluating" not in proc.stdout, proc.stderr[-3000:]
@@ -407,9 +401,8 @@ def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs,
 
 
 def test_an_unknown_task_is_refused_before_any_model_loads(trained_runs, fixture_tasks, tmp_path):
-    proc = subprocess.run([sys.executable, "eval/downstream.py", trained_runs["sa"], "--tasks", "boolq,hellaswa",
-                           "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu",
-                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = run_script(["eval/downstream.py", trained_runs["sa"], "--tasks", "boolq,hellaswa",
+                       "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode == 2 and "evaluating" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].endswith(
         f"error: unknown task hellaswa: --include_path {fixture_tasks} does not define it; close: hellaswag")

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import HANG_GUARD_S, REPO, micro_args
+from conftest import HANG_GUARD_S, REPO, micro_args, run_script
 from metrics import read_metrics
 from test_sweeps import dry_run
 
@@ -132,8 +132,7 @@ def assert_nothing_left(env):
 
 
 def test_help_shows_its_own_settings_then_train_py_keys():
-    proc = subprocess.run(["bash", FOREVER, "config/sa_tiny.py", "--help"], capture_output=True, text=True,
-                          timeout=HANG_GUARD_S)
+    proc = run_script(["bash", FOREVER, "config/sa_tiny.py", "--help"])
     assert proc.returncode == 0, proc.stderr
     for setting in ("NPROC", "MAX_RESTARTS", "RESTART_DELAY", "TRAIN_EXIT_STATUS_FILE"):
         assert setting in proc.stdout
@@ -260,9 +259,8 @@ def test_a_bad_process_count_is_a_config_error(fakes):
 
 
 def submit(env, *args, **extra):
-    proc = subprocess.run(["sbatch", SLURM, *args], env={**env, **extra}, cwd=REPO, capture_output=True,
-                          text=True, timeout=HANG_GUARD_S)
-    return proc, proc.stdout + proc.stderr
+    result = run_script(["sbatch", SLURM, *args], env={**env, **extra}, timeout=HANG_GUARD_S)
+    return result, result.output
 
 
 def directives():
@@ -357,8 +355,8 @@ def real_env(**extra):
 
 
 def test_real_config_error_under_torchrun_stops_after_one_launch():
-    proc = subprocess.run(["bash", FOREVER, "config/sa_tiny.py", "--batch_size=0"], capture_output=True,
-                          text=True, timeout=HANG_GUARD_S, env=real_env(NPROC="2", MAX_RESTARTS="2"))
+    proc = run_script(["bash", FOREVER, "config/sa_tiny.py", "--batch_size=0"],
+                      env=real_env(NPROC="2", MAX_RESTARTS="2"), timeout=HANG_GUARD_S)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "restarting" not in proc.stdout
 

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 import tiktoken
 
-from conftest import CORPUS, EOT, HANG_GUARD_S, REPO
+from conftest import CORPUS, EOT, HANG_GUARD_S, REPO, run_script
 from fakes.hub import closed_port, no_hub_env, unavailable_hub
 from files import DirectoryLock
 from shards import read_header, read_shard, write_shard
@@ -51,8 +51,8 @@ def load_script(name):
 
 
 def run_prepare(*args, check=True):
-    result = subprocess.run([sys.executable, PREPARE, *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                            timeout=HANG_GUARD_S)
+    """prepare.py with args; its worker processes may deadlock, hence the time limit."""
+    result = run_script([PREPARE, *args], timeout=HANG_GUARD_S)
     if check:
         assert result.returncode == 0, result.stderr
     return result
@@ -692,7 +692,7 @@ def test_every_command_in_data_md_is_installed_and_takes_its_flags():
         flags.setdefault((program, target), set()).update(a.split("=")[0] for a in args if a.startswith("--"))
     for (program, target), used in flags.items():
         cmd = [sys.executable, target] if program == "python" else [shutil.which(program), target]
-        result = subprocess.run([*cmd, "--help"], cwd=REPO, capture_output=True, text=True)
+        result = run_script([*cmd, "--help"])
         assert result.returncode == 0, result.stderr
         unknown = {flag for flag in used if not re.search(rf"{re.escape(flag)}\b", result.stdout)}
         assert not unknown, f"docs/data.md gives `{program} {target}` flags its --help does not list: {unknown}"
@@ -730,7 +730,7 @@ def run_without_hub(cmd, hub, tmp_path, **env):
     them, not the seconds, tells whether the script gave up at once, whatever the machine's speed."""
     with unavailable_hub() as (endpoint, requests):
         env = no_hub_env(endpoint, tmp_path, **{**HUB_DOWN[hub], **env})  # no cached Hub files either
-        result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+        result = run_script(cmd, env=env, timeout=HANG_GUARD_S)
     return result, len(requests)
 
 
@@ -745,7 +745,7 @@ def hub_message(result, repo_id):
 
 @pytest.mark.parametrize("hub", HUB_DOWN)
 def test_prepare_without_the_hub_says_to_use_input(hub, tmp_path):
-    result, requests = run_without_hub([sys.executable, PREPARE, "--out_dir", str(tmp_path / "out")], hub, tmp_path)
+    result, requests = run_without_hub([PREPARE, "--out_dir", tmp_path / "out"], hub, tmp_path)
     assert "--input" in hub_message(result, "HuggingFaceFW/fineweb")
     assert requests in GIVING_UP_AT_ONCE[hub]
     assert not os.path.exists(tmp_path / "out" / LOCK)
@@ -756,8 +756,7 @@ def test_prepare_without_the_bpe_files_says_to_set_tiktoken_cache_dir(tmp_path):
     proxy = f"http://127.0.0.1:{closed_port()}"
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"), "HTTPS_PROXY": proxy, "https_proxy": proxy,
            "NO_PROXY": "", "no_proxy": ""}
-    result = subprocess.run([sys.executable, PREPARE, "--input", CORPUS[0], "--out_dir", str(tmp_path / "out")],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    result = run_script([PREPARE, "--input", CORPUS[0], "--out_dir", tmp_path / "out"], env=env, timeout=HANG_GUARD_S)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "TIKTOKEN_CACHE_DIR" in result.stderr.strip().splitlines()[-1]
@@ -766,7 +765,7 @@ def test_prepare_without_the_bpe_files_says_to_set_tiktoken_cache_dir(tmp_path):
 @pytest.mark.parametrize("hub", HUB_DOWN)
 def test_download_without_the_hub_says_to_use_prepare_input(hub, tmp_path):
     out_dir = tmp_path / "out"
-    cmd = [sys.executable, DOWNLOAD, "--shards", "2", "--out_dir", str(out_dir)]
+    cmd = [DOWNLOAD, "--shards", "2", "--out_dir", out_dir]
     result, requests = run_without_hub(cmd, hub, tmp_path)
     assert "prepare.py --input" in hub_message(result, "kjj0/fineweb100B-gpt2")
     assert requests in GIVING_UP_AT_ONCE[hub]
@@ -776,7 +775,7 @@ def test_download_without_the_hub_says_to_use_prepare_input(hub, tmp_path):
 def test_download_of_a_complete_directory_needs_no_hub(tmp_path):
     for name in ["fineweb_val_000000.bin", "fineweb_train_000001.bin"]:
         write_shard(str(tmp_path / name), np.arange(100, dtype=np.uint16))
-    cmd = [sys.executable, DOWNLOAD, "--shards", "1", "--out_dir", str(tmp_path)]
+    cmd = [DOWNLOAD, "--shards", "1", "--out_dir", tmp_path]
     result, _ = run_without_hub(cmd, "offline", tmp_path)
     assert result.returncode == 0, result.stderr
     assert "done: 2 shards, 200 tokens" in result.stdout

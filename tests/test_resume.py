@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from checkpoint import list_checkpoints, load_latest_checkpoint, prune_checkpoints, save_checkpoint
-from conftest import CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, make_optimizer, micro_args, run_train
+from conftest import CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, make_optimizer, micro_args, run_script, run_train
 from metrics import read_metrics
 
 # dropout makes every step draw random numbers, so a lost RNG state would show in the losses
@@ -291,8 +291,7 @@ def test_full_disk_during_training_exits_3_and_keeps_the_previous_checkpoint(dat
               "resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20)); sys.argv = sys.argv[1:]; "
               "runpy.run_path('train.py', run_name='__main__')")
     args = micro_args(data_dir, out, init_from="resume", **RESUME)
-    proc = subprocess.run([sys.executable, "-c", script, "train.py", *args], cwd=REPO, capture_output=True,
-                          text=True)
+    proc = run_script([sys.executable, "-c", script, "train.py", *args])
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "checkpoint write failed at step 8" in proc.stderr and "previous checkpoints are untouched" in proc.stderr
     assert {p: digest(p) for p in list_checkpoints(out)} == before
