@@ -7,6 +7,7 @@ import pytest
 from conftest import HANG_GUARD_S, MICRO, REPO, run_script
 
 
+@pytest.mark.slow
 def test_bench_reports_consistent_figures_and_profiles_both_variants(tmp_path):
     args = [f"--{k}={v}" for k, v in MICRO.items()] + [
         "--batch_size=2", "--compile=False", "--device=cpu", "--dtype=float32", "--bench_rounds=2",
@@ -59,6 +60,7 @@ def test_peak_memory_counts_only_the_variant_measured(monkeypatch):
     assert cpu.gb is None
 
 
+@pytest.mark.slow
 def test_bench_variants_take_overrides_and_reject_unknown_keys(tmp_path):
     base = [f"--{k}={v}" for k, v in MICRO.items()] + [
         "--batch_size=1", "--compile=False", "--device=cpu", "--dtype=float32", "--bench_rounds=1",
@@ -76,6 +78,7 @@ def test_bench_variants_take_overrides_and_reject_unknown_keys(tmp_path):
     assert proc.returncode != 0 and "did you mean xsa_gate" in proc.stderr
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_fills_its_table_on_the_cpu(tmp_path):
     """scripts/gpu_check.sh with DRY_RUN=1 runs every stage at toy size on the CPU: the bench rows of
     both variants with compile off and on (compiled whole: graphs, no break), the SDPA backend, XSA's

@@ -118,6 +118,7 @@ def test_confidence_intervals_match_the_printed_t_table():
     assert compare.paired_stats([0.1])["ci"] is None  # one pair: no spread to estimate
 
 
+@pytest.mark.slow
 def test_table_has_final_val_loss_and_paired_difference_statistics(runs, tmp_path):
     out = str(tmp_path / "report")  # a directory, made if missing, like every eval script's --out
     proc = run_compare(os.path.join(runs, "*"), "--out", out)
@@ -161,6 +162,7 @@ def test_table_has_final_val_loss_and_paired_difference_statistics(runs, tmp_pat
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
 
+@pytest.mark.slow
 def test_a_pair_is_compared_at_the_last_step_both_evaluated(tmp_path):
     """An XSA run stopped at step 50 is compared with SA at step 50, not with SA's final loss."""
     root = str(tmp_path / "runs")
@@ -173,6 +175,7 @@ def test_a_pair_is_compared_at_the_last_step_both_evaluated(tmp_path):
     assert row["std"] == "–" and row["95% CI"] == "–"  # one pair: no spread to estimate
 
 
+@pytest.mark.slow
 def test_settings_that_differ_in_config_get_labelled_by_the_differing_keys(tmp_path):
     """Runs without sweep names: the setting label is the key that differs."""
     root = str(tmp_path / "runs")
@@ -185,6 +188,7 @@ def test_settings_that_differ_in_config_get_labelled_by_the_differing_keys(tmp_p
     assert all(float(r["variant − SA"]) == pytest.approx(-0.1, abs=5e-5) for r in per_setting.values())
 
 
+@pytest.mark.slow
 def test_runs_from_different_train_py_versions_still_pair(tmp_path):
     """A key only newer runs have (a newer train.py) does not split a setting; the table says so."""
     root = str(tmp_path / "runs")
@@ -197,6 +201,7 @@ def test_runs_from_different_train_py_versions_still_pair(tmp_path):
     assert "only some runs' configs have them" in markdown and "new_key" in markdown
 
 
+@pytest.mark.slow
 def test_gated_xsa_is_compared_with_sa_separately_from_plain_xsa(tmp_path):
     """SA, XSA and gated XSA runs of one setting: one row XSA − SA and one row gated − SA, each paired
     by seed. A run from before xsa_gate existed counts as plain XSA."""
@@ -235,6 +240,7 @@ def test_gated_xsa_is_compared_with_sa_separately_from_plain_xsa(tmp_path):
     assert "Not compared" not in markdown  # a variant key missing from old runs is no setting key left out
 
 
+@pytest.mark.slow
 def test_settings_ignore_the_bookkeeping_keys_train_py_declares(tmp_path):
     """Runs that differ only in keys train.py's BOOKKEEPING_KEYS names (how often a run evaluated or
     printed samples) are one setting; a key outside the groups (the learning rate) splits settings."""

@@ -70,6 +70,7 @@ def test_download_of_a_complete_directory_needs_no_hub(tmp_path):
     assert result.stderr == ""  # no progress bar in a log
 
 
+@pytest.mark.slow
 def test_quickstart_without_the_hub_says_to_set_input(tmp_path):
     data_dir = tmp_path / "data"
     result, _ = run_without_hub(["bash", os.path.join(REPO, "scripts", "quickstart.sh")], "offline", tmp_path,

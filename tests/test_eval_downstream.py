@@ -96,6 +96,7 @@ def requests_and_expected(sa_model, corpus_tokens):
     return requests, expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
 def test_loglikelihoods_match_brute_force(sa_model, requests_and_expected, batch_size):
     requests, expected = requests_and_expected
@@ -108,6 +109,7 @@ def test_loglikelihoods_match_brute_force(sa_model, requests_and_expected, batch
     assert {greedy for _, greedy in expected} == {True, False}  # both cases were checked
 
 
+@pytest.mark.slow
 def test_loglikelihood_strings_use_end_of_text_for_empty_context(sa_model):
     """The string entry point (lm-eval's TemplateLM) with our tokenizer: an empty context is the
     end-of-text token, as at the start of every training document."""
@@ -123,6 +125,7 @@ def test_loglikelihood_strings_use_end_of_text_for_empty_context(sa_model):
     assert got[1][0] == pytest.approx(brute_force(sa_model, context, continuation)[0], rel=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_tokens", [10, 32, 33, 100])
 def test_loglikelihood_rolling_is_the_sum_over_disjoint_windows(sa_model, corpus_tokens, n_tokens):
     """Every token predicted exactly once; the first window starts from end-of-text, every later
@@ -144,6 +147,7 @@ def test_loglikelihood_rolling_is_the_sum_over_disjoint_windows(sa_model, corpus
     assert got[1] == pytest.approx(hello, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_generate_until_is_greedy_and_stops_at_stop_strings(sa_model):
     enc = tiktoken.get_encoding("gpt2")
     adapter = make_adapter_class()(sa_model, "cpu", "float32")
@@ -161,6 +165,7 @@ def test_generate_until_is_greedy_and_stops_at_stop_strings(sa_model):
     assert generate([stop]) == enc.decode(rollout).split(stop)[0]
 
 
+@pytest.mark.slow
 def test_adapter_draws_a_progress_bar_over_batches_on_a_terminal_unless_quiet(sa_model, requests_and_expected,
                                                                             monkeypatch):
     requests, _ = requests_and_expected
@@ -225,6 +230,7 @@ def downstream_report(trained_runs, fixture_tasks, tmp_path_factory):
     return report, markdown, proc.stdout
 
 
+@pytest.mark.slow
 def test_eight_tasks_run_end_to_end_on_fixtures(downstream_report):
     report, markdown, stdout = downstream_report
     columns = [column for column, _ in TASKS.values()]
@@ -252,6 +258,7 @@ def score_strings(model, context, continuation):
     return brute_force(model, ctx, enc.encode_ordinary(context + continuation)[len(ctx):])[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", ["SA", "XSA"])
 def test_task_results_match_brute_force_scoring(downstream_report, trained_runs, label):
     """Two tasks recomputed from their documents with the plain model: BoolQ accuracy (choices
@@ -284,6 +291,7 @@ def test_hellaswag_fixture_uses_the_installed_process_docs(fixture_tasks):
     assert len(doc["choices"]) == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "truncated"])
 def test_a_checkpoint_that_cannot_be_loaded_is_named_in_one_line(trained_runs, fixture_tasks, case, tmp_path):
     """A missing path fails before lm-eval indexes its tasks; a truncated file when its turn comes."""
@@ -323,6 +331,7 @@ def offline_env(tmp_path, **extra):
                                             "HF_DATASETS_CACHE": str(tmp_path / "hf_datasets"), **extra})
 
 
+@pytest.mark.slow
 def test_the_documented_recipe_without_the_hub_runs_as_written(trained_runs, tmp_path):
     """The commands of docs/evaluation.md, "Without the Hub", run unchanged from a checkout whose
     out/sa_tiny is a trained run: the YAML's data file, named relative to the YAML's folder, is
@@ -347,6 +356,7 @@ def test_the_documented_recipe_without_the_hub_runs_as_written(trained_runs, tmp
     assert set(report["table"]["out/sa_tiny"]) == {"HSwag"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["Hub unreachable", "offline, not cached"])
 def test_without_the_hub_the_paper_tasks_stop_in_one_line_before_any_model(trained_runs, tmp_path, mode):
     """With the Hub out of reach: one line naming the first task's dataset and the ways out, exit 3,
@@ -371,6 +381,7 @@ def test_without_the_hub_the_paper_tasks_stop_in_one_line_before_any_model(train
     assert "docs/evaluation.md" in lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "empty", "not JSON", "not an object"])
 def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs, tmp_path, case):
     """A task YAML of --include_path whose data file (relative to it) is missing, empty or not JSON lines."""
@@ -400,6 +411,7 @@ def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs,
     assert lines[0].startswith(f"{data}{reason}") and "task boolq" in lines[0]
 
 
+@pytest.mark.slow
 def test_an_unknown_task_is_refused_before_any_model_loads(trained_runs, fixture_tasks, tmp_path):
     proc = run_script(["eval/downstream.py", trained_runs["sa"], "--tasks", "boolq,hellaswa",
                        "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--out", tmp_path])

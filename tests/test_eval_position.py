@@ -23,6 +23,7 @@ def sa_model_and_data(trained_runs, data_dir):
     return model, x, y
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_mean_over_positions_is_the_validation_loss(sa_model_and_data):
     model, x, y = sa_model_and_data
@@ -33,6 +34,7 @@ def test_mean_over_positions_is_the_validation_loss(sa_model_and_data):
     assert per_position.mean().item() == pytest.approx(loss.item(), rel=1e-4)
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_each_position_is_scored_from_its_own_prefix(sa_model_and_data):
     """Position t's loss equals the loss of a forward pass on the first t + 1 tokens alone."""
@@ -59,6 +61,7 @@ def test_buckets_partition_the_positions():
         assert weighted == pytest.approx(per_position.mean().item())
 
 
+@pytest.mark.slow
 def test_cli_writes_tables_and_plot(trained_runs, data_dir, tmp_path):
     """No --data_dir: the models are scored on the val shards of the data_dir they were trained on."""
     proc = run_script(
@@ -87,6 +90,7 @@ def test_cli_writes_tables_and_plot(trained_runs, data_dir, tmp_path):
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, tmp_path):
     other = tmp_path / "other_shards"  # a val split of other text: the training data's first train shard
     other.mkdir()
@@ -106,6 +110,7 @@ def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, 
     assert abs(want.item() - default.item()) > 1e-2  # the two data sets tell apart
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given", ["--block_size", "first checkpoint"])
 def test_sequences_longer_than_a_models_context_are_refused_in_one_line(trained_runs, data_dir, tmp_path, given):
     """--block_size 64 on a 32-token model, or a second model with a shorter context than the first

@@ -99,6 +99,7 @@ def val_x(data_dir):
     return x
 
 
+@pytest.mark.slow
 def test_sa_statistics_match_naive_attention(trained_runs, val_x):
     model, _ = load_model(trained_runs["sa"], "cpu")
     got = similarity_stats(model, val_x)
@@ -150,6 +151,7 @@ def test_gated_xsa_leaves_what_its_gate_says(val_x):
     assert min(got["cos_zv"]) > 1e-2
 
 
+@pytest.mark.slow
 def test_xsa_output_is_orthogonal_to_own_value(trained_runs, val_x):
     model, _ = load_model(trained_runs["xsa"], "cpu")
     got = similarity_stats(model, val_x)
@@ -159,6 +161,7 @@ def test_xsa_output_is_orthogonal_to_own_value(trained_runs, val_x):
     assert max(abs(c) for c in got["cos_yv"]) > 1e-2
 
 
+@pytest.mark.slow
 def test_cli_writes_every_layer_and_a_plot(trained_runs, data_dir, tmp_path):
     """No --data_dir: each checkpoint is scored on the val shards of the data_dir it was trained on."""
     proc = run_script(
@@ -194,6 +197,7 @@ def other_data_dir(data_dir, tmp_path_factory):
     return str(out)
 
 
+@pytest.mark.slow
 def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, other_data_dir, tmp_path):
     proc = run_script(
         ["eval/similarity.py", trained_runs["sa"], "--labels", "SA", "--data_dir", other_data_dir,
@@ -252,6 +256,7 @@ def one_line_exit(exit_info, stderr):
     return stderr.strip()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "empty directory", "truncated", "corrupt", "unreadable run",
                                   "corrupt sharded metadata"])
 def test_load_names_the_checkpoint_and_why_it_cannot_be_loaded(bad_checkpoints, case, capsys):
@@ -262,6 +267,7 @@ def test_load_names_the_checkpoint_and_why_it_cannot_be_loaded(bad_checkpoints, 
     assert message.startswith(f"cannot load checkpoint {path}: ") and reason in message
 
 
+@pytest.mark.slow
 def test_load_reports_a_distributed_checkpoint_exception_in_one_line(trained_runs, monkeypatch, capsys):
     """torch.distributed.checkpoint's CheckpointException derives from BaseException, not Exception;
     the first failing rank's error is the reason given."""
@@ -276,6 +282,7 @@ def test_load_reports_a_distributed_checkpoint_exception_in_one_line(trained_run
     assert message == f"cannot load checkpoint {trained_runs['sa']}: ValueError: the metadata names no shard files"
 
 
+@pytest.mark.slow
 def test_load_warns_in_one_line_about_a_skipped_newer_checkpoint(trained_runs, tmp_path, capsys):
     """A run whose newest checkpoint is truncated loads the one before, and says which it skipped."""
     run = tmp_path / "run"
@@ -291,6 +298,7 @@ def test_load_warns_in_one_line_about_a_skipped_newer_checkpoint(trained_runs, t
     assert len(err) == 1 and err[0].startswith("warning: ") and os.path.basename(newest) in err[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["similarity.py", "position_loss.py", "sample.py"])
 @pytest.mark.parametrize("case", ["missing", "truncated"])
 def test_scripts_exit_with_one_line_naming_the_checkpoint(trained_runs, bad_checkpoints, script, case, tmp_path):
@@ -330,6 +338,7 @@ def read_only_dir(tmp_path):
     path.chmod(0o755)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["compare.py", "similarity.py", "position_loss.py", "downstream.py"])
 @pytest.mark.parametrize("case", ["a file", "read-only"])
 def test_an_out_that_cannot_be_written_is_named_in_one_line(trained_runs, tmp_path, request, script, case):
@@ -376,6 +385,7 @@ def run_on_terminal(args):
     return proc.returncode, stdout, received.decode(errors="replace")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["similarity.py", "position_loss.py"])
 def test_progress_bar_with_eta_on_a_terminal_and_none_with_quiet(trained_runs, tmp_path, script):
     """2 batches per model: a bar per model, labelled with it, counting to 2/2 with the time left."""

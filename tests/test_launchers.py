@@ -131,6 +131,7 @@ def assert_nothing_left(env):
 # train_forever.sh
 
 
+@pytest.mark.slow
 def test_help_shows_its_own_settings_then_train_py_keys():
     proc = run_script(["bash", FOREVER, "config/sa_tiny.py", "--help"])
     assert proc.returncode == 0, proc.stderr
@@ -140,6 +141,7 @@ def test_help_shows_its_own_settings_then_train_py_keys():
     assert "run finished" not in proc.stdout and "restarting" not in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("status", [2, 3])
 def test_an_error_no_restart_fixes_ends_the_loop_after_one_launch(fakes, nproc, status):
@@ -151,6 +153,7 @@ def test_an_error_no_restart_fixes_ends_the_loop_after_one_launch(fakes, nproc, 
     assert_nothing_left(fakes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_a_crash_is_relaunched_from_the_newest_checkpoint(fakes, nproc):
     proc = forever(fakes, "config/sa_tiny.py", "--max_iters=50", NPROC=str(nproc), FAKE_MODE="exit:1")
@@ -163,6 +166,7 @@ def test_a_crash_is_relaunched_from_the_newest_checkpoint(fakes, nproc):
     assert_nothing_left(fakes)
 
 
+@pytest.mark.slow
 def test_crashes_are_relaunched_max_restarts_times_then_it_gives_up(fakes):
     proc = forever(fakes, "config/sa_tiny.py", NPROC="1", FAKE_MODE="exit:7", FAKE_RESUMED="same",
                    MAX_RESTARTS="2")
@@ -171,6 +175,7 @@ def test_crashes_are_relaunched_max_restarts_times_then_it_gives_up(fakes):
     assert len(events(fakes, "start")) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 143)])
 def test_a_signal_stops_the_training_at_a_checkpoint_and_ends_the_loop(fakes, nproc, sig, status):
@@ -191,6 +196,7 @@ def test_a_signal_stops_the_training_at_a_checkpoint_and_ends_the_loop(fakes, np
     assert_nothing_left(fakes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [130, 143])
 def test_a_training_stopped_by_a_signal_of_its_own_is_not_relaunched(fakes, status):
     proc = forever(fakes, "config/sa_tiny.py", NPROC="2", FAKE_MODE=f"exit:{status}")
@@ -199,6 +205,7 @@ def test_a_training_stopped_by_a_signal_of_its_own_is_not_relaunched(fakes, stat
     assert len(events(fakes, "torchrun")) == 1
 
 
+@pytest.mark.slow
 def test_a_signal_during_the_restart_delay_ends_the_loop_at_once(fakes):
     proc = forever(fakes, "config/sa_tiny.py", NPROC="1", FAKE_MODE="exit:1", RESTART_DELAY="36000")
     for line in proc.stdout:
@@ -210,6 +217,7 @@ def test_a_signal_during_the_restart_delay_ends_the_loop_at_once(fakes):
     assert len(events(fakes, "start")) == 1
 
 
+@pytest.mark.slow
 def test_ranks_of_a_killed_torchrun_are_stopped_before_the_relaunch(fakes):
     """kill -9 on torchrun orphans its ranks; they must not outlive it and hold out_dir against the
     relaunch. Their SIGTERM statuses (143) come after torchrun's death and do not stop the loop."""
@@ -227,6 +235,7 @@ def test_ranks_of_a_killed_torchrun_are_stopped_before_the_relaunch(fakes):
     assert_nothing_left(fakes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("visible, nproc", [(None, 4), ("0,1", 2), ("3", 1), ("", 1)])
 def test_processes_follow_cuda_visible_devices_as_in_the_sweeps(fakes, tmp_path, visible, nproc):
     """One GPU count for train_forever.sh and the sweeps: CUDA_VISIBLE_DEVICES when set (empty
@@ -247,6 +256,7 @@ def test_processes_follow_cuda_visible_devices_as_in_the_sweeps(fakes, tmp_path,
     assert [c["launcher"] for c in sweep] == [expected] * 2
 
 
+@pytest.mark.slow
 def test_a_bad_process_count_is_a_config_error(fakes):
     proc = forever(fakes, "config/sa_tiny.py", NPROC="two")
     output = finish(proc)
@@ -277,6 +287,7 @@ def test_slurm_job_asks_for_a_warning_before_its_time_limit_and_may_be_requeued(
     assert int(spec.split("@")[1]) >= 300  # time to finish a step and write a checkpoint
 
 
+@pytest.mark.slow
 def test_slurm_job_at_its_time_limit_checkpoints_requeues_and_resumes(fakes):
     proc, output = submit(fakes, "config/xsa_2p7b.py", "--parallelism=fsdp", FAKE_TIME_LIMITS="1")
     assert proc.returncode == 0, output
@@ -298,6 +309,7 @@ def test_slurm_job_at_its_time_limit_checkpoints_requeues_and_resumes(fakes):
     assert [e["status"] for e in events(fakes, "exit")] == [143, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, status", [("exit:0", 0), ("exit:2", 2), ("exit:3", 3), ("exit:1", 1)])
 def test_slurm_job_that_ends_by_itself_is_not_requeued(fakes, mode, status):
     """srun exits 1 for train.py's 2 and 3 as for a crash; the job ends with train.py's status."""
@@ -306,6 +318,7 @@ def test_slurm_job_that_ends_by_itself_is_not_requeued(fakes, mode, status):
     assert len(events(fakes, "srun")) == 1 and not events(fakes, "requeue")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, status", [("exit:2", 2), ("exit:0", 0)])
 def test_slurm_job_that_fails_or_finishes_at_its_time_limit_is_not_requeued(fakes, mode, status):
     """The warning comes while the run is already stopping: an error no restart fixes, or the end."""
@@ -320,6 +333,7 @@ def test_slurm_job_that_fails_or_finishes_at_its_time_limit_is_not_requeued(fake
     assert len(events(fakes, "srun")) == 1 and not events(fakes, "requeue")
 
 
+@pytest.mark.slow
 def test_slurm_job_waits_for_the_checkpoint_when_preempted(fakes):
     """Preemption (or scancel) sends SIGTERM to the batch script and the training at once: the
     script must outlive the training's checkpoint; Slurm requeues the job, which resumes."""
@@ -354,6 +368,7 @@ def real_env(**extra):
     return {**clean, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "RESTART_DELAY": "0", **extra}
 
 
+@pytest.mark.slow
 def test_real_config_error_under_torchrun_stops_after_one_launch():
     proc = run_script(["bash", FOREVER, "config/sa_tiny.py", "--batch_size=0"],
                       env=real_env(NPROC="2", MAX_RESTARTS="2"), timeout=HANG_GUARD_S)
@@ -361,6 +376,7 @@ def test_real_config_error_under_torchrun_stops_after_one_launch():
     assert "restarting" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_real_ctrl_c_under_torchrun_checkpoints_and_stops(tmp_path, data_dir):
     out_dir = str(tmp_path / "run")
     args = micro_args(data_dir, out_dir, max_iters=5000, checkpoint_interval=2500, eval_interval=2500)
@@ -381,6 +397,7 @@ def test_real_ctrl_c_under_torchrun_checkpoints_and_stops(tmp_path, data_dir):
     assert len(ranks) >= 3 and not any(alive(pid) for pid in ranks)  # torchrun and its two ranks
 
 
+@pytest.mark.slow
 def test_real_ranks_of_a_killed_torchrun_are_gone_before_the_relaunch(tmp_path, data_dir):
     out_dir = str(tmp_path / "run")
     max_iters = 40

@@ -233,6 +233,7 @@ def prepare_processes(out_dir):
     return found
 
 
+@pytest.mark.slow
 def test_killed_the_moment_each_shard_appears_resumes_to_identical_shards(docs, tmp_path):
     """SIGKILL as soon as a new shard file is there (on a disk, mostly before its manifest update),
     then rerun, until a run finishes: every kill resumes, no shard is written twice, no worker

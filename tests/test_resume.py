@@ -39,6 +39,7 @@ def uninterrupted(data_dir, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_type", ["sa", "xsa"])
 def test_stop_and_resume_is_bitwise_identical(data_dir, tmp_path, uninterrupted, attn_type):
     out = str(tmp_path / "run")
@@ -52,12 +53,14 @@ def test_stop_and_resume_is_bitwise_identical(data_dir, tmp_path, uninterrupted,
     assert val == full
 
 
+@pytest.mark.slow
 def test_evaluation_and_checkpoints_do_not_change_training(data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "eval_interval": 100, "checkpoint_interval": 0}))
     assert losses(out) == losses(uninterrupted["sa"])
 
 
+@pytest.mark.slow
 def test_sigkill_after_first_checkpoint_then_resume(data_dir, tmp_path):
     settings = dict(RESUME, max_iters=30, lr_decay_iters=30, checkpoint_interval=3, eval_interval=100)
     full = str(tmp_path / "full")
@@ -78,6 +81,7 @@ def test_sigkill_after_first_checkpoint_then_resume(data_dir, tmp_path):
     assert losses(out) == losses(full)
 
 
+@pytest.mark.slow
 def test_two_process_run_resumes_on_one_process(data_dir, tmp_path):
     settings = dict(max_iters=6, lr_decay_iters=6, eval_interval=100, checkpoint_interval=3,
                     batch_size=2, total_batch_size=2 * 2 * 32 * 2)
@@ -90,6 +94,7 @@ def test_two_process_run_resumes_on_one_process(data_dir, tmp_path):
         assert step_a == step_b and a == pytest.approx(b, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint_falls_back_to_previous(data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **RESUME))
@@ -103,6 +108,7 @@ def test_truncated_checkpoint_falls_back_to_previous(data_dir, tmp_path, uninter
     assert losses(out) == losses(uninterrupted["sa"])
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
@@ -118,6 +124,7 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path)
     assert not [f for f in os.listdir(out) if ".tmp" in f]
 
 
+@pytest.mark.slow
 def test_nonfinite_steps_can_be_skipped(data_dir, tmp_path):
     out = str(tmp_path / "run")
     proc = run_train(micro_args(data_dir, out, **{**RESUME, "learning_rate": 1e3, "loss_spike_factor": 0,
@@ -127,6 +134,7 @@ def test_nonfinite_steps_can_be_skipped(data_dir, tmp_path):
     assert proc.returncode == 3 and "non-finite" in proc.stderr
 
 
+@pytest.mark.slow
 def test_resume_with_other_architecture_is_refused(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
@@ -136,6 +144,7 @@ def test_resume_with_other_architecture_is_refused(data_dir, tmp_path):
     assert "n_layer: checkpoint 2 vs now 3" in proc.stderr and "attn_type: checkpoint 'sa' vs now 'xsa'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_the_documented_state_and_loads_weights_only(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "keep_checkpoints": 1}))
@@ -177,6 +186,7 @@ def training_processes(out_dir):
     return pids
 
 
+@pytest.mark.slow
 def test_train_forever_relaunches_after_a_crash(data_dir, tmp_path):
     out = str(tmp_path / "run")
     settings = dict(RESUME, max_iters=30, lr_decay_iters=30, checkpoint_interval=3, eval_interval=100)
@@ -198,6 +208,7 @@ def test_train_forever_relaunches_after_a_crash(data_dir, tmp_path):
     assert losses(out) == losses(full)
 
 
+@pytest.mark.slow
 def test_scratch_run_over_old_checkpoints_is_refused_unless_they_are_moved_aside(data_dir, tmp_path):
     """A later resume must not take the earlier run's newest checkpoint for this run's: starting from
     scratch over checkpoints is a config error (nothing touched); overwrite moves the earlier run aside."""
@@ -227,6 +238,7 @@ def flip_bytes_in_the_middle(path):
         f.write(bytes(b ^ 0xFF for b in chunk))
 
 
+@pytest.mark.slow
 def test_corrupted_checkpoint_is_detected_by_checksum_and_skipped(data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **RESUME))
@@ -253,6 +265,7 @@ def test_pruning_never_deletes_a_readable_checkpoint_in_favour_of_an_unreadable_
     assert "ckpt_0000004.pt" in kept and "ckpt_0000012.pt" in kept
 
 
+@pytest.mark.slow
 def test_temp_files_of_a_killed_save_are_removed_at_start(data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
@@ -282,6 +295,7 @@ def test_full_disk_during_save_raises_oserror_and_keeps_the_previous_checkpoint(
     assert os.listdir(tmp_path) == ["ckpt_0000001.pt"] and digest(list_checkpoints(str(tmp_path))[0]) == before
 
 
+@pytest.mark.slow
 def test_full_disk_during_training_exits_3_and_keeps_the_previous_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
@@ -314,6 +328,7 @@ def test_checkpointer_refuses_to_save_a_non_finite_state(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_skipped_non_finite_last_step_still_evaluates_and_checkpoints(data_dir, tmp_path):
     out = str(tmp_path / "run")
     # an absurd learning rate makes every step after the first non-finite; all of them may be skipped
@@ -326,6 +341,7 @@ def test_skipped_non_finite_last_step_still_evaluates_and_checkpoints(data_dir, 
     assert "val_loss" in read_metrics(os.path.join(out, "metrics.jsonl"))[-1]
 
 
+@pytest.mark.slow
 def test_resume_applies_the_weight_decay_given_now_even_after_zero(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "weight_decay": 0.0}))
@@ -335,6 +351,7 @@ def test_resume_applies_the_weight_decay_given_now_even_after_zero(data_dir, tmp
     assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.05]
 
 
+@pytest.mark.slow
 def test_extending_a_finished_run_warns_that_the_cosine_is_stretched(data_dir, tmp_path):
     out = str(tmp_path / "run")
     settings = {**RESUME, "lr_decay_iters": None, "max_iters": 6, "warmup_iters": 2}
@@ -344,6 +361,7 @@ def test_extending_a_finished_run_warns_that_the_cosine_is_stretched(data_dir, t
     assert "--lr_decay_iters=4" in proc.stdout
 
 
+@pytest.mark.slow
 def test_samples_are_logged_and_do_not_change_training(data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
     proc = run_train(micro_args(data_dir, out, sample_interval=4, **RESUME))
@@ -352,6 +370,7 @@ def test_samples_are_logged_and_do_not_change_training(data_dir, tmp_path, unint
     assert losses(out) == losses(uninterrupted["sa"])  # sampling draws from its own generator
 
 
+@pytest.mark.slow
 def test_muon_run_resumes_exactly_and_keeps_its_own_learning_rate(data_dir, tmp_path):
     muon = dict(RESUME, optimizer="muon", attn_type="xsa", muon_adjust_lr="original", muon_learning_rate=0.02)
     full, out = str(tmp_path / "full"), str(tmp_path / "run")
@@ -397,6 +416,7 @@ def long_run(data_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum,status,nproc", [(signal.SIGTERM, 143, 1), (signal.SIGINT, 130, 1),
                                                  (signal.SIGTERM, 143, 2)])
 def test_a_signal_ends_the_step_writes_a_checkpoint_and_the_resume_continues_exactly(
@@ -426,6 +446,7 @@ def test_a_signal_ends_the_step_writes_a_checkpoint_and_the_resume_continues_exa
     assert losses(out) == losses(reference)
 
 
+@pytest.mark.slow
 def test_permanent_errors_reach_the_launcher_through_the_exit_status_file(data_dir, tmp_path):
     """torchrun exits 1 whatever its processes chose: train_forever.sh would relaunch a config error."""
     status_file = tmp_path / "exit_status"
@@ -438,6 +459,7 @@ def test_permanent_errors_reach_the_launcher_through_the_exit_status_file(data_d
     assert status_file.read_text() == "3\n"
 
 
+@pytest.mark.slow
 def test_a_second_run_in_the_same_out_dir_stops_naming_the_first(data_dir, tmp_path):
     """One run per out_dir: the second exits 3 naming the holder's PID; the lock dies with its holder
     (kill -9 included), so a relaunch then resumes."""
@@ -454,6 +476,7 @@ def test_a_second_run_in_the_same_out_dir_stops_naming_the_first(data_dir, tmp_p
     assert not os.path.exists(os.path.join(out, ".train.lock"))  # released at the end
 
 
+@pytest.mark.slow
 def test_run_state_flips_are_all_detected(data_dir, tmp_path):
     """Every bit that a resume reads is checksummed: flipping any one of 60 random bits of a checkpoint
     file either makes it unreadable or leaves what it loads unchanged, never a silently different state
@@ -525,6 +548,7 @@ def test_loss_spike_guard_counts_spikes_in_a_row():
     assert not any(LossSpikeGuard(factor=0, steps=1).is_spike(x) for x in (1.0, 1.0, 1.0, 1e9))  # off
 
 
+@pytest.mark.slow
 def test_a_finite_blow_up_stops_the_run_and_keeps_the_best_checkpoint(data_dir, tmp_path):
     """A run resumed at a learning rate that makes it diverge (finite losses in the hundreds): the
     spiking states are never checkpointed, the run stops with exit 3, and the checkpoint of the best

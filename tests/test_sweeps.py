@@ -14,6 +14,9 @@ import pytest
 from conftest import HANG_GUARD_S, REPO, micro_args, run_script
 from metrics import read_metrics
 
+# every test starts a sweep script (scripts/*.sh), some train: the slow tier
+pytestmark = pytest.mark.slow
+
 SCRIPTS = ["sweep_lr.sh", "sweep_seqlen.sh", "sweep_sinks.sh", "sweep_sizes.sh", "sweep_optimizer.sh",
            "small_study.sh"]
 SWEEP_ENV = ("NPROC", "GPUS", "SEEDS", "OUT_ROOT", "DRY_RUN", "PYTHON", "SIZE", "SIZES", "LRS", "LENGTHS", "OPTIMIZERS",

@@ -13,6 +13,9 @@ from conftest import REPO, TRAINED_RUN, TRAINED_STEPS, micro_args, run_script, r
 from metrics import read_metrics
 from shards import list_shards, read_shard
 
+# every test starts train.py or reads the runs it trained: the slow tier
+pytestmark = pytest.mark.slow
+
 FIELDS = {"step", "train_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "peak_mem_gb", "tokens", "elapsed_s", "time"}
 
 
