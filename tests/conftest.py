@@ -1,5 +1,7 @@
-"""Shared test setup: offline tokenizer, offline wandb, one micro model config and shards built once."""
+"""Shared test setup: offline tokenizer, offline wandb, one micro model config and shards built once, and
+the one way the tests run a script."""
 
+import dataclasses
 import glob
 import os
 import shutil
@@ -116,21 +118,49 @@ def make_optimizer(model, **overrides):
     return build_optimizer(model, make_config(**overrides), "cpu")
 
 
-def run_train(args, nproc=1, check=True, env=None):
-    """Run train.py (or torchrun with nproc processes) from the repo root; returns CompletedProcess.
-    No time limit on one process, which cannot hang; a deadlock between processes ends after HANG_GUARD_S."""
+@dataclasses.dataclass
+class Result:
+    """A finished script: its exit status (also as subprocess's returncode) and what it printed."""
+    args: list
+    status: int
+    stdout: str
+    stderr: str
+
+    @property
+    def returncode(self):
+        return self.status
+
+    @property
+    def output(self):
+        """stdout, then stderr."""
+        return self.stdout + self.stderr
+
+
+def run_script(cmd, *, cwd=REPO, env=None, timeout=None):
+    """Run cmd (a program and its arguments, or a program alone) from cwd, the repo root unless told, and
+    return its Result; a Python script (.py) runs under the interpreter running pytest. env, when given,
+    is the whole environment. No time limit unless told: HANG_GUARD_S where processes may deadlock."""
     import subprocess
+    args = [str(cmd)] if isinstance(cmd, (str, os.PathLike)) else [str(a) for a in cmd]
+    if args[0].endswith(".py"):
+        args.insert(0, sys.executable)
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return Result(args, proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_train(args, nproc=1, check=True, env=None):
+    """Run train.py (or torchrun with nproc processes) from the repo root; returns its Result.
+    No time limit on one process, which cannot hang; a deadlock between processes ends after HANG_GUARD_S."""
     if nproc == 1:
-        cmd = [sys.executable, "train.py", *args]
+        cmd = ["train.py", *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "train.py", *args]
     full_env = {**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, CPU_THREADS // nproc)), **(env or {})}
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=None if nproc == 1 else HANG_GUARD_S,
-                          env=full_env)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
+    result = run_script(cmd, env=full_env, timeout=None if nproc == 1 else HANG_GUARD_S)
+    if check and result.status != 0:
+        raise AssertionError(f"train.py failed ({result.status}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
 
 
 # the SA run learns past the best context-free (unigram) loss; the XSA run is shorter, for evaluation tests
@@ -162,3 +192,92 @@ def train_runs(root, data_dir):
         runs[attn_type] = str(root / attn_type)
         run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, max_iters=steps, **TRAINED_RUN))
     return runs
+
+
+# -----------------------------------------------------------------------------
+# data/fineweb/prepare.py: its shards of the fixture plays, made once
+
+FINEWEB = os.path.join(REPO, "data", "fineweb")
+sys.path.append(FINEWEB)  # its scripts import their sibling modules (paragraphs), as when run
+PREPARE = os.path.join(FINEWEB, "prepare.py")
+DOWNLOAD = os.path.join(FINEWEB, "download.py")
+LOCK = ".prepare.lock"
+SHARD_SIZE, VAL_TOKENS = 20_000, 30_000  # ~240k tokens of test documents -> 1 val + 11 train shards
+
+
+def load_script(name):
+    """Import data/fineweb/<name>.py under a name of its own, for its functions."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"fineweb_{name}", os.path.join(FINEWEB, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where a worker process looks up the functions it is sent
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_prepare(*args, check=True):
+    """prepare.py with args; its worker processes may deadlock, hence the time limit."""
+    result = run_script([PREPARE, *args], timeout=HANG_GUARD_S)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def prepare_args(inputs, out_dir, *extra):
+    return ["--input", *inputs, "--out_dir", out_dir, "--shard_size", SHARD_SIZE, "--val_tokens", VAL_TOKENS,
+            "--num_proc", 2, *extra]
+
+
+def write_fineweb_parquet(path, docs, row_group_size=64):
+    """FineWeb's schema; small row groups so that resuming skips some and starts inside another."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    n = len(docs)
+    table = pa.table({
+        "text": docs, "id": [f"<urn:uuid:{i}>" for i in range(n)], "dump": ["CC-MAIN-2024-10"] * n,
+        "url": [f"https://example.com/{i}" for i in range(n)], "date": ["2024-02-20T00:00:00Z"] * n,
+        "file_path": ["s3://commoncrawl/x.warc.gz"] * n, "language": ["en"] * n,
+        "language_score": [0.9] * n, "token_count": [len(d) // 4 for d in docs]})
+    pq.write_table(table, path, row_group_size=row_group_size)
+
+
+def shard_paths(out_dir):
+    names = sorted(n for n in os.listdir(out_dir) if n.endswith(".bin"))
+    return [os.path.join(out_dir, n) for n in names[-1:] + names[:-1]]  # fineweb_val_000000 first
+
+
+def shard_bytes(out_dir):
+    return {os.path.basename(p): open(p, "rb").read() for p in shard_paths(out_dir)}
+
+
+def listed_shards(out_dir):
+    import json
+    with open(os.path.join(out_dir, "manifest.json")) as f:
+        return [s["file"] for s in json.load(f)["shards"]]
+
+
+def leftover_temp_files(out_dir):
+    return [n for n in os.listdir(out_dir) if ".tmp" in n]
+
+
+@pytest.fixture(scope="session")
+def docs(corpus_docs):
+    """~360 documents of ~2KB, plus the awkward ones: empty, and text that spells a special token."""
+    from paragraphs import split_into_documents
+    docs = [d for play in corpus_docs for d in split_into_documents(play, 2000)]
+    return docs[:300] + ["", "a literal <|endoftext|> in the text", "naïve café, 日本語 ✓"] + docs[300:]
+
+
+@pytest.fixture(scope="session")
+def parquet_file(tmp_path_factory, docs):
+    path = str(tmp_path_factory.mktemp("fineweb") / "000_00000.parquet")
+    write_fineweb_parquet(path, docs)
+    return path
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, parquet_file):
+    """An uninterrupted run on the parquet file, shared by the tests that only read it."""
+    out_dir = str(tmp_path_factory.mktemp("prepared"))
+    run_prepare(*prepare_args([parquet_file], out_dir))
+    return out_dir

@@ -1,20 +1,18 @@
 """bench.py: its figures are consistent with each other and its profile shows the XSA kernels."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import MICRO, REPO
+from conftest import HANG_GUARD_S, MICRO, REPO, run_script
 
 
+@pytest.mark.slow
 def test_bench_reports_consistent_figures_and_profiles_both_variants(tmp_path):
     args = [f"--{k}={v}" for k, v in MICRO.items()] + [
         "--batch_size=2", "--compile=False", "--device=cpu", "--dtype=float32", "--bench_rounds=2",
         "--bench_steps=1", "--bench_warmup=1", "--profile=True", f"--bench_json={tmp_path / 'bench.json'}"]
-    proc = subprocess.run([sys.executable, f"{REPO}/bench.py", *args], cwd=tmp_path, capture_output=True,
-                          text=True)
+    proc = run_script([f"{REPO}/bench.py", *args], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     results = report["results"]
@@ -62,12 +60,12 @@ def test_peak_memory_counts_only_the_variant_measured(monkeypatch):
     assert cpu.gb is None
 
 
+@pytest.mark.slow
 def test_bench_variants_take_overrides_and_reject_unknown_keys(tmp_path):
     base = [f"--{k}={v}" for k, v in MICRO.items()] + [
         "--batch_size=1", "--compile=False", "--device=cpu", "--dtype=float32", "--bench_rounds=1",
         "--bench_steps=1", "--bench_warmup=0", f"--bench_json={tmp_path / 'bench.json'}"]
-    run = lambda *extra: subprocess.run([sys.executable, f"{REPO}/bench.py", *base, *extra], cwd=tmp_path,
-                                        capture_output=True, text=True)
+    run = lambda *extra: run_script([f"{REPO}/bench.py", *base, *extra], cwd=tmp_path)
     proc = run("--bench_variants=sa,xsa:xsa_gate=True,sa:n_layer=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "bench.json").read_text())["results"]
@@ -80,6 +78,7 @@ def test_bench_variants_take_overrides_and_reject_unknown_keys(tmp_path):
     assert proc.returncode != 0 and "did you mean xsa_gate" in proc.stderr
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run_fills_its_table_on_the_cpu(tmp_path):
     """scripts/gpu_check.sh with DRY_RUN=1 runs every stage at toy size on the CPU: the bench rows of
     both variants with compile off and on (compiled whole: graphs, no break), the SDPA backend, XSA's
@@ -87,8 +86,8 @@ def test_gpu_check_dry_run_fills_its_table_on_the_cpu(tmp_path):
     import os
     import re
     out = tmp_path / "gpu_check"
-    proc = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, DRY_RUN="1", OUT=str(out), OMP_NUM_THREADS="1"))
+    env = dict(os.environ, DRY_RUN="1", OUT=str(out), OMP_NUM_THREADS="1")
+    proc = run_script(["bash", "scripts/gpu_check.sh"], env=env, timeout=HANG_GUARD_S)  # its FSDP runs are 2 processes
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     table = (out / "table.md").read_text()
     assert table in proc.stdout

@@ -7,13 +7,11 @@ import json
 import math
 import os
 import statistics
-import subprocess
-import sys
 
 import pytest
 
 from train_config import BOOKKEEPING_KEYS, TRAIN_KEYS, VARIANT_KEYS
-from conftest import HANG_GUARD_S, REPO
+from conftest import REPO, run_script
 
 # Student t quantiles from a printed table, by degrees of freedom: 0.975 (95% intervals), 0.95 (90%)
 T_975 = {1: 12.706205, 2: 4.302653, 3: 3.182446, 4: 2.776445, 10: 2.228139, 30: 2.042272}
@@ -50,9 +48,8 @@ def write_run(root, name, attn_type, seed, val_losses, learning_rate=1e-3, init_
 
 
 def run_compare(*args):
-    proc = subprocess.run([sys.executable, "eval/compare.py", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=HANG_GUARD_S)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_script(["eval/compare.py", *args])
+    assert proc.returncode == 0, proc.output
     return proc
 
 
@@ -121,6 +118,7 @@ def test_confidence_intervals_match_the_printed_t_table():
     assert compare.paired_stats([0.1])["ci"] is None  # one pair: no spread to estimate
 
 
+@pytest.mark.slow
 def test_table_has_final_val_loss_and_paired_difference_statistics(runs, tmp_path):
     out = str(tmp_path / "report")  # a directory, made if missing, like every eval script's --out
     proc = run_compare(os.path.join(runs, "*"), "--out", out)
@@ -164,6 +162,7 @@ def test_table_has_final_val_loss_and_paired_difference_statistics(runs, tmp_pat
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
 
+@pytest.mark.slow
 def test_a_pair_is_compared_at_the_last_step_both_evaluated(tmp_path):
     """An XSA run stopped at step 50 is compared with SA at step 50, not with SA's final loss."""
     root = str(tmp_path / "runs")
@@ -176,6 +175,7 @@ def test_a_pair_is_compared_at_the_last_step_both_evaluated(tmp_path):
     assert row["std"] == "–" and row["95% CI"] == "–"  # one pair: no spread to estimate
 
 
+@pytest.mark.slow
 def test_settings_that_differ_in_config_get_labelled_by_the_differing_keys(tmp_path):
     """Runs without sweep names: the setting label is the key that differs."""
     root = str(tmp_path / "runs")
@@ -188,6 +188,7 @@ def test_settings_that_differ_in_config_get_labelled_by_the_differing_keys(tmp_p
     assert all(float(r["variant − SA"]) == pytest.approx(-0.1, abs=5e-5) for r in per_setting.values())
 
 
+@pytest.mark.slow
 def test_runs_from_different_train_py_versions_still_pair(tmp_path):
     """A key only newer runs have (a newer train.py) does not split a setting; the table says so."""
     root = str(tmp_path / "runs")
@@ -200,6 +201,7 @@ def test_runs_from_different_train_py_versions_still_pair(tmp_path):
     assert "only some runs' configs have them" in markdown and "new_key" in markdown
 
 
+@pytest.mark.slow
 def test_gated_xsa_is_compared_with_sa_separately_from_plain_xsa(tmp_path):
     """SA, XSA and gated XSA runs of one setting: one row XSA − SA and one row gated − SA, each paired
     by seed. A run from before xsa_gate existed counts as plain XSA."""
@@ -238,6 +240,7 @@ def test_gated_xsa_is_compared_with_sa_separately_from_plain_xsa(tmp_path):
     assert "Not compared" not in markdown  # a variant key missing from old runs is no setting key left out
 
 
+@pytest.mark.slow
 def test_settings_ignore_the_bookkeeping_keys_train_py_declares(tmp_path):
     """Runs that differ only in keys train.py's BOOKKEEPING_KEYS names (how often a run evaluated or
     printed samples) are one setting; a key outside the groups (the learning rate) splits settings."""

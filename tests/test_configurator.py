@@ -2,15 +2,13 @@
 and their errors, through train.py as users run it."""
 
 import os
-import subprocess
-import sys
 from dataclasses import dataclass, fields
 from typing import Literal
 
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, run_script
 from configurator import ConfigError, config_class, key, keys_of, parse_config, positive, resolve
 
 
@@ -38,8 +36,7 @@ class Derived:
 
 
 def run_train_cli(*args, cwd=REPO):
-    return subprocess.run([sys.executable, os.path.join(REPO, "train.py"), *args], cwd=cwd, capture_output=True,
-                          text=True)
+    return run_script([os.path.join(REPO, "train.py"), *args], cwd=cwd)
 
 
 def test_keys_come_with_default_type_meaning_and_checks():
@@ -159,6 +156,7 @@ def test_config_files_find_what_they_include_from_any_directory(tmp_path, monkey
                  "use --device=auto or --device=cpu",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")),
 ])
+@pytest.mark.slow
 def test_train_cli_errors_are_one_line_and_write_nothing(tmp_path, args, message):
     out_dir = tmp_path / "run"
     proc = run_train_cli(*args, f"--out_dir={out_dir}")
@@ -202,6 +200,7 @@ def test_xsa_layers_takes_an_int_or_the_blocks_in_any_spelling(value, expected):
                                             else "xsa_blocks" + expected.replace(",", "-"))
 
 
+@pytest.mark.slow
 def test_train_help_lists_every_key_with_default_and_meaning():
     import train_config
     proc = run_train_cli("--help")
@@ -214,6 +213,7 @@ def test_train_help_lists_every_key_with_default_and_meaning():
     assert "The model's hyperparameters" in proc.stdout  # the model keys under GPTConfig's heading
 
 
+@pytest.mark.slow
 def test_out_dir_that_is_a_file_is_a_config_error(tmp_path):
     path = tmp_path / "run"
     path.write_text("notes")
@@ -223,6 +223,7 @@ def test_out_dir_that_is_a_file_is_a_config_error(tmp_path):
     assert path.read_text() == "notes"
 
 
+@pytest.mark.slow
 def test_a_config_file_with_a_syntax_error_is_one_line(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("n_layer = (4\n")

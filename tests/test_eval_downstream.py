@@ -9,7 +9,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -24,9 +23,10 @@ import yaml  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from checkpointer import list_checkpoints  # noqa: E402
+from conftest import REPO, run_script  # noqa: E402
 from eval.common import load_model  # noqa: E402
-from conftest import HANG_GUARD_S, REPO  # noqa: E402
 from eval.downstream import PAPER_TABLE2, TASKS, make_adapter_class  # noqa: E402
+from fakes.hub import NOWHERE, no_hub_env  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
 # where each task's definition lives inside lm_eval/tasks in lm-eval 0.4.13
@@ -97,6 +97,7 @@ def requests_and_expected(sa_model, corpus_tokens):
     return requests, expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [1, 3, 8])
 def test_loglikelihoods_match_brute_force(sa_model, requests_and_expected, batch_size):
     requests, expected = requests_and_expected
@@ -109,6 +110,7 @@ def test_loglikelihoods_match_brute_force(sa_model, requests_and_expected, batch
     assert {greedy for _, greedy in expected} == {True, False}  # both cases were checked
 
 
+@pytest.mark.slow
 def test_loglikelihood_strings_use_end_of_text_for_empty_context(sa_model):
     """The string entry point (lm-eval's TemplateLM) with our tokenizer: an empty context is the
     end-of-text token, as at the start of every training document."""
@@ -124,6 +126,7 @@ def test_loglikelihood_strings_use_end_of_text_for_empty_context(sa_model):
     assert got[1][0] == pytest.approx(brute_force(sa_model, context, continuation)[0], rel=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_tokens", [10, 32, 33, 100])
 def test_loglikelihood_rolling_is_the_sum_over_disjoint_windows(sa_model, corpus_tokens, n_tokens):
     """Every token predicted exactly once; the first window starts from end-of-text, every later
@@ -145,6 +148,7 @@ def test_loglikelihood_rolling_is_the_sum_over_disjoint_windows(sa_model, corpus
     assert got[1] == pytest.approx(hello, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_generate_until_is_greedy_and_stops_at_stop_strings(sa_model):
     enc = tiktoken.get_encoding("gpt2")
     adapter = make_adapter_class()(sa_model, "cpu", "float32")
@@ -162,6 +166,7 @@ def test_generate_until_is_greedy_and_stops_at_stop_strings(sa_model):
     assert generate([stop]) == enc.decode(rollout).split(stop)[0]
 
 
+@pytest.mark.slow
 def test_adapter_draws_a_progress_bar_over_batches_on_a_terminal_unless_quiet(sa_model, requests_and_expected,
                                                                             monkeypatch):
     requests, _ = requests_and_expected
@@ -214,11 +219,10 @@ def fixture_tasks(tmp_path_factory):
 @pytest.fixture(scope="module")
 def downstream_report(trained_runs, fixture_tasks, tmp_path_factory):
     out = tmp_path_factory.mktemp("downstream")
-    proc = subprocess.run(
-        [sys.executable, "eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", trained_runs["xsa"],
+    proc = run_script(
+        ["eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", trained_runs["xsa"],
          "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--batch_size", "4",
-         "--bootstrap_iters", "10", "--paper", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+         "--bootstrap_iters", "10", "--paper", "--out", out])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out / "downstream.json") as f:
         report = json.load(f)
@@ -227,6 +231,7 @@ def downstream_report(trained_runs, fixture_tasks, tmp_path_factory):
     return report, markdown, proc.stdout
 
 
+@pytest.mark.slow
 def test_eight_tasks_run_end_to_end_on_fixtures(downstream_report):
     report, markdown, stdout = downstream_report
     columns = [column for column, _ in TASKS.values()]
@@ -254,6 +259,7 @@ def score_strings(model, context, continuation):
     return brute_force(model, ctx, enc.encode_ordinary(context + continuation)[len(ctx):])[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", ["SA", "XSA"])
 def test_task_results_match_brute_force_scoring(downstream_report, trained_runs, label):
     """Two tasks recomputed from their documents with the plain model: BoolQ accuracy (choices
@@ -286,6 +292,7 @@ def test_hellaswag_fixture_uses_the_installed_process_docs(fixture_tasks):
     assert len(doc["choices"]) == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "truncated"])
 def test_a_checkpoint_that_cannot_be_loaded_is_named_in_one_line(trained_runs, fixture_tasks, case, tmp_path):
     """A missing path fails before lm-eval indexes its tasks; a truncated file when its turn comes."""
@@ -296,10 +303,9 @@ def test_a_checkpoint_that_cannot_be_loaded_is_named_in_one_line(trained_runs, f
             data = f.read()
         with open(path, "wb") as f:
             f.write(data[:len(data) // 3])
-    proc = subprocess.run(
-        [sys.executable, "eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", path, "--tasks", "boolq",
-         "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = run_script(
+        ["eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", path, "--tasks", "boolq",
+         "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()  # with a truncated file, after lm-eval's progress on SA
     reason = "no such file or directory" if case == "missing" else "truncated"
@@ -322,13 +328,11 @@ def docs_block(heading):
 
 def offline_env(tmp_path, **extra):
     """No Hub: offline mode, an empty cache of datasets, and an endpoint nothing listens on."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"),
-               HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"), HF_ENDPOINT="http://127.0.0.1:9",
-               NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")  # a proxy must not stand in for the endpoint
-    env.update(extra)
-    return {k: v for k, v in env.items() if v is not None}
+    return no_hub_env(NOWHERE, tmp_path, **{"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                                            "HF_DATASETS_CACHE": str(tmp_path / "hf_datasets"), **extra})
 
 
+@pytest.mark.slow
 def test_the_documented_recipe_without_the_hub_runs_as_written(trained_runs, tmp_path):
     """The commands of docs/evaluation.md, "Without the Hub", run unchanged from a checkout whose
     out/sa_tiny is a trained run: the YAML's data file, named relative to the YAML's folder, is
@@ -343,8 +347,7 @@ def test_the_documented_recipe_without_the_hub_runs_as_written(trained_runs, tmp
     block = docs_block("### Without the Hub")
     assert "--include_path my_tasks/ --no_default_tasks" in block and "--tasks" not in block
     env = offline_env(tmp_path, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    proc = subprocess.run(["bash", "-e", "-c", block], cwd=checkout, capture_output=True, text=True, timeout=HANG_GUARD_S,
-                          env=env)
+    proc = run_script(["bash", "-e", "-c", block], cwd=checkout, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(checkout / "out" / "eval" / "downstream.json") as f:
         report = json.load(f)
@@ -354,6 +357,7 @@ def test_the_documented_recipe_without_the_hub_runs_as_written(trained_runs, tmp
     assert set(report["table"]["out/sa_tiny"]) == {"HSwag"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["Hub unreachable", "offline, not cached"])
 def test_without_the_hub_the_paper_tasks_stop_in_one_line_before_any_model(trained_runs, tmp_path, mode):
     """With the Hub out of reach: one line naming the first task's dataset and the ways out, exit 3,
@@ -365,9 +369,8 @@ def test_without_the_hub_the_paper_tasks_stop_in_one_line_before_any_model(train
     dataset = load_yaml(installed, resolve_func=False)["dataset_path"]
     env = offline_env(tmp_path, HF_HUB_OFFLINE=None, HF_DATASETS_OFFLINE=None) if mode == "Hub unreachable" \
         else offline_env(tmp_path)
-    proc = subprocess.run([sys.executable, "eval/downstream.py", trained_runs["sa"], "--limit", "20", "--device", "cpu",
-                           "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S,
-                          env=env)
+    proc = run_script(["eval/downstream.py", trained_runs["sa"], "--limit", "20", "--device", "cpu",
+                       "--out", tmp_path / "out"], env=env)
     assert proc.returncode == 3, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "evaluating" not in proc.stdout, proc.stderr[-3000:]
@@ -379,6 +382,7 @@ def test_without_the_hub_the_paper_tasks_stop_in_one_line_before_any_model(train
     assert "docs/evaluation.md" in lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "empty", "not JSON", "not an object"])
 def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs, tmp_path, case):
     """A task YAML of --include_path whose data file (relative to it) is missing, empty or not JSON lines."""
@@ -398,9 +402,8 @@ def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs,
         data.write_text(good[0] + '{"question": "is it cut off\n' + "".join(good[1:]))
     elif case == "not an object":
         data.write_text(good[0] + "[1, 2]\n")
-    proc = subprocess.run([sys.executable, "eval/downstream.py", trained_runs["sa"], "--include_path", str(tasks),
-                           "--no_default_tasks", "--device", "cpu", "--out", str(tmp_path / "out")],
-                          cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S, env=offline_env(tmp_path))
+    proc = run_script(["eval/downstream.py", trained_runs["sa"], "--include_path", tasks,
+                       "--no_default_tasks", "--device", "cpu", "--out", tmp_path / "out"], env=offline_env(tmp_path))
     assert proc.returncode == 3, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "evaluating" not in proc.stdout, proc.stderr[-3000:]
@@ -409,10 +412,10 @@ def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs,
     assert lines[0].startswith(f"{data}{reason}") and "task boolq" in lines[0]
 
 
+@pytest.mark.slow
 def test_an_unknown_task_is_refused_before_any_model_loads(trained_runs, fixture_tasks, tmp_path):
-    proc = subprocess.run([sys.executable, "eval/downstream.py", trained_runs["sa"], "--tasks", "boolq,hellaswa",
-                           "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu",
-                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = run_script(["eval/downstream.py", trained_runs["sa"], "--tasks", "boolq,hellaswa",
+                       "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode == 2 and "evaluating" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].endswith(
         f"error: unknown task hellaswa: --include_path {fixture_tasks} does not define it; close: hellaswag")

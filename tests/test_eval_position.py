@@ -5,14 +5,12 @@ defaults to the first checkpoint's own."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import HANG_GUARD_S, MICRO, REPO, micro_args, run_train
+from conftest import MICRO, micro_args, run_script, run_train
 from dataloader import val_sequences
 from eval.common import load_model
 from eval.position_loss import bucket_losses, position_losses
@@ -25,6 +23,7 @@ def sa_model_and_data(trained_runs, data_dir):
     return model, x, y
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_mean_over_positions_is_the_validation_loss(sa_model_and_data):
     model, x, y = sa_model_and_data
@@ -35,6 +34,7 @@ def test_mean_over_positions_is_the_validation_loss(sa_model_and_data):
     assert per_position.mean().item() == pytest.approx(loss.item(), rel=1e-4)
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_each_position_is_scored_from_its_own_prefix(sa_model_and_data):
     """Position t's loss equals the loss of a forward pass on the first t + 1 tokens alone."""
@@ -61,12 +61,12 @@ def test_buckets_partition_the_positions():
         assert weighted == pytest.approx(per_position.mean().item())
 
 
+@pytest.mark.slow
 def test_cli_writes_tables_and_plot(trained_runs, data_dir, tmp_path):
     """No --data_dir: the models are scored on the val shards of the data_dir they were trained on."""
-    proc = subprocess.run(
-        [sys.executable, "eval/position_loss.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
-         "--num_sequences", "8", "--buckets", "4", "--device", "cpu", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = run_script(
+        ["eval/position_loss.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
+         "--num_sequences", "8", "--buckets", "4", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "position_loss.json") as f:
         report = json.load(f)
@@ -90,14 +90,14 @@ def test_cli_writes_tables_and_plot(trained_runs, data_dir, tmp_path):
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, tmp_path):
     other = tmp_path / "other_shards"  # a val split of other text: the training data's first train shard
     other.mkdir()
     shutil.copy(os.path.join(data_dir, "fineweb_train_000001.bin"), other / "fineweb_val_000000.bin")
-    proc = subprocess.run(
-        [sys.executable, "eval/position_loss.py", trained_runs["sa"], "--labels", "SA", "--data_dir", str(other),
-         "--num_sequences", "8", "--device", "cpu", "--out", str(tmp_path / "out")],
-        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = run_script(
+        ["eval/position_loss.py", trained_runs["sa"], "--labels", "SA", "--data_dir", other,
+         "--num_sequences", "8", "--device", "cpu", "--out", tmp_path / "out"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "out" / "position_loss.json") as f:
         report = json.load(f)
@@ -110,6 +110,7 @@ def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, 
     assert abs(want.item() - default.item()) > 1e-2  # the two data sets tell apart
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given", ["--block_size", "first checkpoint"])
 def test_sequences_longer_than_a_models_context_are_refused_in_one_line(trained_runs, data_dir, tmp_path, given):
     """--block_size 64 on a 32-token model, or a second model with a shorter context than the first
@@ -121,8 +122,8 @@ def test_sequences_longer_than_a_models_context_are_refused_in_one_line(trained_
         run_train(micro_args(data_dir, longer, block_size=64, max_iters=1, eval_interval=1, checkpoint_interval=1,
                              val_tokens=1024))
         args, source = [longer, trained_runs["sa"]], "the first checkpoint's block_size 64"
-    proc = subprocess.run([sys.executable, "eval/position_loss.py", *args, "--num_sequences", "2", "--device", "cpu",
-                           "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = run_script(["eval/position_loss.py", *args, "--num_sequences", "2", "--device", "cpu",
+                       "--out", tmp_path / "out"])
     assert proc.returncode == 3
     assert proc.stderr.strip().splitlines() == [f"{source} is longer than the context of {trained_runs['sa']} "
                                                  f"({MICRO['block_size']} tokens); use --block_size "

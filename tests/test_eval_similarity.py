@@ -26,8 +26,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from checkpoint import save_sharded_checkpoint
 from checkpointer import list_checkpoints
+from conftest import HANG_GUARD_S, MICRO, REPO, run_script
 from eval.common import load_model
-from conftest import HANG_GUARD_S, MICRO, REPO
 from dataloader import val_sequences
 from eval import common
 from eval.similarity import QUANTITIES, similarity_stats, stats_over_batches
@@ -101,6 +101,7 @@ def val_x(data_dir):
     return x
 
 
+@pytest.mark.slow
 def test_sa_statistics_match_naive_attention(trained_runs, val_x):
     model, _ = load_model(trained_runs["sa"], "cpu")
     got = similarity_stats(model, val_x)
@@ -152,6 +153,7 @@ def test_gated_xsa_leaves_what_its_gate_says(val_x):
     assert min(got["cos_zv"]) > 1e-2
 
 
+@pytest.mark.slow
 def test_xsa_output_is_orthogonal_to_own_value(trained_runs, val_x):
     model, _ = load_model(trained_runs["xsa"], "cpu")
     got = similarity_stats(model, val_x)
@@ -161,12 +163,12 @@ def test_xsa_output_is_orthogonal_to_own_value(trained_runs, val_x):
     assert max(abs(c) for c in got["cos_yv"]) > 1e-2
 
 
+@pytest.mark.slow
 def test_cli_writes_every_layer_and_a_plot(trained_runs, data_dir, tmp_path):
     """No --data_dir: each checkpoint is scored on the val shards of the data_dir it was trained on."""
-    proc = subprocess.run(
-        [sys.executable, "eval/similarity.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
-         "--num_sequences", "6", "--batch_size", "4", "--device", "cpu", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = run_script(
+        ["eval/similarity.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
+         "--num_sequences", "6", "--batch_size", "4", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "similarity.json") as f:
         report = json.load(f)
@@ -197,11 +199,11 @@ def other_data_dir(data_dir, tmp_path_factory):
     return str(out)
 
 
+@pytest.mark.slow
 def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, other_data_dir, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "eval/similarity.py", trained_runs["sa"], "--labels", "SA", "--data_dir", other_data_dir,
-         "--num_sequences", "4", "--device", "cpu", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = run_script(
+        ["eval/similarity.py", trained_runs["sa"], "--labels", "SA", "--data_dir", other_data_dir,
+         "--num_sequences", "4", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "similarity.json") as f:
         stats = json.load(f)["models"]["SA"]
@@ -256,6 +258,7 @@ def one_line_exit(exit_info, stderr):
     return stderr.strip()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "empty directory", "truncated", "corrupt", "unreadable run",
                                   "corrupt sharded metadata"])
 def test_load_names_the_checkpoint_and_why_it_cannot_be_loaded(bad_checkpoints, case, capsys):
@@ -266,6 +269,7 @@ def test_load_names_the_checkpoint_and_why_it_cannot_be_loaded(bad_checkpoints, 
     assert message.startswith(f"cannot load checkpoint {path}: ") and reason in message
 
 
+@pytest.mark.slow
 def test_load_reports_a_distributed_checkpoint_exception_in_one_line(trained_runs, monkeypatch, capsys):
     """torch.distributed.checkpoint's CheckpointException derives from BaseException, not Exception;
     the first failing rank's error is the reason given."""
@@ -280,6 +284,7 @@ def test_load_reports_a_distributed_checkpoint_exception_in_one_line(trained_run
     assert message == f"cannot load checkpoint {trained_runs['sa']}: ValueError: the metadata names no shard files"
 
 
+@pytest.mark.slow
 def test_load_warns_in_one_line_about_a_skipped_newer_checkpoint(trained_runs, tmp_path, capsys):
     """A run whose newest checkpoint is truncated loads the one before, and says which it skipped."""
     run = tmp_path / "run"
@@ -295,15 +300,15 @@ def test_load_warns_in_one_line_about_a_skipped_newer_checkpoint(trained_runs, t
     assert len(err) == 1 and err[0].startswith("warning: ") and os.path.basename(newest) in err[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["similarity.py", "position_loss.py", "sample.py"])
 @pytest.mark.parametrize("case", ["missing", "truncated"])
 def test_scripts_exit_with_one_line_naming_the_checkpoint(trained_runs, bad_checkpoints, script, case, tmp_path):
     path, reason = bad_checkpoints[case]
     # after a good checkpoint for the scripts that take several: a bad one is named, whichever it is
     checkpoints = [path] if script == "sample.py" else [trained_runs["xsa"], path]
-    proc = subprocess.run([sys.executable, f"eval/{script}", *checkpoints, "--device", "cpu"]
-                          + ([] if script == "sample.py" else ["--num_sequences", "2", "--out", str(tmp_path)]),
-                          cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = run_script([f"eval/{script}", *checkpoints, "--device", "cpu"]
+                      + ([] if script == "sample.py" else ["--num_sequences", "2", "--out", tmp_path]))
     assert proc.returncode == 3
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr  # one line, no traceback
     assert proc.stderr.startswith(f"cannot load checkpoint {path}: ") and reason in proc.stderr
@@ -335,6 +340,7 @@ def read_only_dir(tmp_path):
     path.chmod(0o755)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["compare.py", "similarity.py", "position_loss.py", "downstream.py"])
 @pytest.mark.parametrize("case", ["a file", "read-only"])
 def test_an_out_that_cannot_be_written_is_named_in_one_line(trained_runs, tmp_path, request, script, case):
@@ -345,8 +351,7 @@ def test_an_out_that_cannot_be_written_is_named_in_one_line(trained_runs, tmp_pa
     else:
         out = request.getfixturevalue("read_only_dir")
     args = [trained_runs["sa"]] if script == "compare.py" else [trained_runs["sa"], "--device", "cpu"]
-    proc = subprocess.run([sys.executable, f"eval/{script}", *args, "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    proc = run_script([f"eval/{script}", *args, "--out", out])
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr  # one line, before any work
     if case == "a file":
@@ -382,6 +387,7 @@ def run_on_terminal(args):
     return proc.returncode, stdout, received.decode(errors="replace")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["similarity.py", "position_loss.py"])
 def test_progress_bar_with_eta_on_a_terminal_and_none_with_quiet(trained_runs, tmp_path, script):
     """2 batches per model: a bar per model, labelled with it, counting to 2/2 with the time left."""

@@ -60,6 +60,7 @@ def fsdp_runs(data_dir, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_type", ["sa", "xsa"])
 def test_two_process_fsdp_matches_one_process(one_process, fsdp_runs, attn_type):
     assert_same_training(fsdp_runs[attn_type], one_process[attn_type], steps=range(1, 7))
@@ -67,6 +68,7 @@ def test_two_process_fsdp_matches_one_process(one_process, fsdp_runs, attn_type)
     assert "parallelism fsdp" in log and "2 processes x 2 micro-steps" in log
 
 
+@pytest.mark.slow
 def test_two_process_fsdp_muon_matches_ddp_muon_and_resumes(data_dir, tmp_path):
     """Muon orthogonalises whole matrices under FSDP too (all-gathered, not shard by shard): the same
     losses as DDP, where every process holds whole matrices, and a sharded Muon checkpoint resumes."""
@@ -88,6 +90,7 @@ COMPILED = {"ddp-block": dict(activation_checkpointing="block"),
             "fsdp-selective": dict(parallelism="fsdp", activation_checkpointing="selective")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(COMPILED))
 def test_compiled_two_process_training_with_recomputed_blocks_matches_eager(data_dir, tmp_path, one_process, name):
     """torch.compile (inductor's C++ backend here, Triton on a GPU) with activation checkpointing, under
@@ -124,6 +127,7 @@ def test_a_recomputed_block_compiles_on_its_own():
     assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"]
 
 
+@pytest.mark.slow
 def test_fsdp_writes_sharded_checkpoints_and_keeps_the_newest(fsdp_runs):
     out = fsdp_runs["sa"]
     assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004", "ckpt_0000006"]
@@ -141,6 +145,7 @@ def copy_checkpoint(run, name, out_dir):
     copy(os.path.join(run, name), os.path.join(out_dir, name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_type,nproc", [("sa", 1), ("xsa", 2)])
 def test_fsdp_checkpoint_resumes_in_ddp(data_dir, tmp_path, one_process, fsdp_runs, attn_type, nproc):
     """On one process (no process group) and on two DDP processes (each reads every shard)."""
@@ -153,6 +158,7 @@ def test_fsdp_checkpoint_resumes_in_ddp(data_dir, tmp_path, one_process, fsdp_ru
     assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004", "ckpt_0000006.pt"]
 
 
+@pytest.mark.slow
 def test_single_file_checkpoint_resumes_in_two_process_fsdp(data_dir, tmp_path, one_process):
     out = str(tmp_path / "run")
     copy_checkpoint(one_process["xsa"], "ckpt_0000004.pt", out)
@@ -162,6 +168,7 @@ def test_single_file_checkpoint_resumes_in_two_process_fsdp(data_dir, tmp_path, 
     assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004.pt", "ckpt_0000006"]
 
 
+@pytest.mark.slow
 def test_sharded_checkpoint_loads_for_evaluation(data_dir, fsdp_runs):
     """eval/*.py's load_model, in one process without a process group: the run's last val loss."""
     model, config = load_model(fsdp_runs["sa"])
@@ -174,6 +181,7 @@ def test_sharded_checkpoint_loads_for_evaluation(data_dir, fsdp_runs):
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), same.state_dict().values()))
 
 
+@pytest.mark.slow
 def test_truncated_sharded_checkpoint_falls_back_to_previous(tmp_path, fsdp_runs):
     out = str(tmp_path / "run")
     shutil.copytree(fsdp_runs["sa"], out)
@@ -185,6 +193,7 @@ def test_truncated_sharded_checkpoint_falls_back_to_previous(tmp_path, fsdp_runs
     assert os.path.basename(path) == "ckpt_0000004" and state["step"] == 4
 
 
+@pytest.mark.slow
 def test_corrupt_metadata_is_an_unreadable_checkpoint_not_a_base_exception(tmp_path, fsdp_runs):
     """DCP raises CheckpointException (a BaseException) for a corrupt .metadata: resume falls back to the
     previous checkpoint, and evaluation gets an ordinary error naming the checkpoint."""
@@ -202,6 +211,7 @@ def test_corrupt_metadata_is_an_unreadable_checkpoint_not_a_base_exception(tmp_p
         load_model(os.path.join(out, "ckpt_0000006"))
 
 
+@pytest.mark.slow
 def test_corrupted_shard_is_found_by_the_process_checking_it_and_all_fall_back(data_dir, tmp_path, one_process,
                                                                                fsdp_runs):
     """Two processes share the checksum work (rank 1 reads __1_0.distcp); the one that finds the
@@ -295,6 +305,7 @@ def measured():
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MEASURED))
 def test_memory_plan_matches_measured_peak(measured, name):
     result = measured[name]
@@ -302,6 +313,7 @@ def test_memory_plan_matches_measured_peak(measured, name):
     assert result["bytes"]["total"] == pytest.approx(result["measured_bytes"], rel=0.25)
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_lowers_measured_peak(measured):
     peak = {name: measured[name]["measured_bytes"] for name in ("wide", "wide-selective", "wide-block")}
     assert peak["wide-block"] < peak["wide-selective"] < peak["wide"]

@@ -3,20 +3,19 @@ relaunch it, signals reaching the training, no training process left behind, and
 outlives its time limit by requeueing itself.
 
 Fake torchrun, nvidia-smi, sbatch, srun, scontrol and scancel (first on PATH) and a fake training
-program stand in for the real ones and record what happens to them; the tests at the end run the
-real torchrun and train.py."""
+program, the programs in tests/fakes/, stand in for the real ones and record what happens to them;
+the tests at the end run the real torchrun and train.py."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
 
-from conftest import HANG_GUARD_S, REPO, micro_args
+from conftest import HANG_GUARD_S, REPO, micro_args, run_script
 from metrics import read_metrics
 from test_sweeps import dry_run
 
@@ -25,175 +24,18 @@ SLURM = os.path.join(REPO, "scripts", "slurm_train.sh")
 LAUNCH_ENV = ("NPROC", "MAX_RESTARTS", "RESTART_DELAY", "CUDA_VISIBLE_DEVICES", "PYTHON", "TMPDIR",
               "TRAIN_EXIT_STATUS_FILE", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
 
-# The training: records what happens to it, stops on SIGINT/SIGTERM after a "checkpoint" as train.py
-# does (a second signal while it saves changes nothing), writes the status it chose to
-# TRAIN_EXIT_STATUS_FILE. FAKE_MODE says what a fresh launch does ("run": until a signal; "exit:N");
-# a resumed one finishes unless FAKE_RESUMED=same. FAKE_AS_TORCHRUN=1 exits 1 for any failure, as
-# torchrun does for its ranks (the Slurm task stands for torchrun and its ranks in one process).
-FAKE_TRAIN = """
-import json, os, signal, sys, time
-argv = sys.argv[1:]
-resumed = "--init_from=resume" in argv
+# the fake programs, one file each in tests/fakes/
+FAKES_DIR = os.path.join(REPO, "tests", "fakes")
+FAKES = ["fake_train", "torchrun", "nvidia-smi", "sbatch", "srun", "scontrol", "scancel"]
 
-def record(event, **extra):
-    with open(os.environ["FAKE_LOG"], "a") as f:
-        f.write(json.dumps(dict(event=event, pid=os.getpid(), rank=os.environ.get("RANK"), argv=argv,
-                                launch=os.environ.get("TRAIN_EXIT_STATUS_FILE"), time=time.time(), **extra)) + "\\n")
 
-def stop(status):
-    path = os.environ.get("TRAIN_EXIT_STATUS_FILE")
-    if path and status in (2, 3, 130, 143):
-        with open(path, "w") as f:
-            f.write(f"{status}\\n")
-    record("exit", status=status)
-    sys.exit(1 if status and os.environ.get("FAKE_AS_TORCHRUN") else status)
-
-stopping = []
-def on_signal(signum, frame):
-    record("signal", signal=signal.Signals(signum).name)
-    if stopping:
-        return
-    stopping.append(signum)
-    time.sleep(0.5)
-    record("checkpoint")
-    stop(128 + signum)
-
-signal.signal(signal.SIGINT, on_signal)
-signal.signal(signal.SIGTERM, on_signal)
-if os.environ.get("FAKE_PID_FILE"):
-    with open(os.environ["FAKE_PID_FILE"], "w") as f:
-        f.write(str(os.getpid()))
-record("start")
-mode = os.environ.get("FAKE_MODE", "run")
-if resumed and os.environ.get("FAKE_RESUMED") != "same":
-    stop(0)
-if mode.startswith("exit:"):
-    stop(int(mode[5:]))
-while True:
-    time.sleep(0.05)
-"""
-
-# torchrun: N ranks of the training, each detached from its process group (setsid) as torchrun
-# starts them, so that they outlive a torchrun killed with -9; a SIGINT/SIGTERM is relayed to them; exit 1 if any failed
-FAKE_TORCHRUN = """
-import json, os, signal, subprocess, sys, time
-args = sys.argv[1:]
-nproc = int(next(a for a in args if a.startswith("--nproc_per_node=")).split("=")[1])
-with open(os.environ["FAKE_LOG"], "a") as f:
-    f.write(json.dumps(dict(event="torchrun", pid=os.getpid(), nproc=nproc, argv=args,
-                            launch=os.environ.get("TRAIN_EXIT_STATUS_FILE"), time=time.time())) + "\\n")
-script = args[args.index("train.py"):]
-ranks = [subprocess.Popen([os.environ["FAKE_TRAIN"], *script], env=dict(os.environ, RANK=str(r)),
-                          start_new_session=True) for r in range(nproc)]
-def relay(signum, frame):
-    for rank in ranks:
-        rank.send_signal(signum)
-signal.signal(signal.SIGINT, relay)
-signal.signal(signal.SIGTERM, relay)
-sys.exit(1 if any([rank.wait() for rank in ranks]) else 0)
-"""
-
-FAKE_NVIDIA_SMI = """
-import os
-for i in range(int(os.environ.get("FAKE_GPUS", "0"))):
-    print(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})")
-"""
-
-# sbatch: runs a copy of the batch script as Slurm would (SLURM_* variables, cwd elsewhere), sends the
-# script's --signal to the batch shell when a run reaches its time limit (FAKE_TIME_LIMITS: how many
-# runs do), or preempts it (FAKE_PREEMPTIONS: SIGTERM to the batch shell and the training at once,
-# then a requeue by Slurm); runs the job again while it is requeued; exits with the last run's status.
-FAKE_SBATCH = """
-import json, os, shutil, signal, subprocess, sys, time
-state, script, args = os.environ["FAKE_SLURM_DIR"], sys.argv[1], sys.argv[2:]
-
-def record(event, **extra):
-    with open(os.environ["FAKE_LOG"], "a") as f:
-        f.write(json.dumps(dict(event=event, time=time.time(), **extra)) + "\\n")
-
-directives = [line.split(None, 1)[1].strip() for line in open(script) if line.startswith("#SBATCH")]
-spool = os.path.join(state, "spool")
-os.makedirs(spool, exist_ok=True)
-shutil.copy(script, os.path.join(spool, "slurm_script"))
-time_limits, preemptions = int(os.environ.get("FAKE_TIME_LIMITS", 0)), int(os.environ.get("FAKE_PREEMPTIONS", 0))
-task_pid = os.path.join(state, "task.pid")
-restarts = 0
-while True:
-    for name in ("task.pid", "requeued"):
-        if os.path.exists(os.path.join(state, name)):
-            os.remove(os.path.join(state, name))
-    env = dict(os.environ, SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node[001-002]", SLURM_JOB_NUM_NODES="2",
-               SLURM_SUBMIT_DIR=os.getcwd(), SLURM_GPUS_ON_NODE="8")
-    if restarts:
-        env["SLURM_RESTART_COUNT"] = str(restarts)
-    record("job_start", restarts=restarts)
-    job = subprocess.Popen(["bash", os.path.join(spool, "slurm_script"), *args], cwd=spool, env=env)
-    preempted = False
-    if restarts < time_limits + preemptions:
-        while not os.path.exists(task_pid) and job.poll() is None:
-            time.sleep(0.05)
-        time.sleep(0.2)
-        if restarts < time_limits:
-            spec = next(d.split("=", 1)[1] for d in directives if d.startswith("--signal="))
-            assert spec.startswith("B:"), spec
-            record("time_limit_warning")
-            job.send_signal(getattr(signal, "SIG" + spec[2:].split("@")[0]))
-        else:
-            record("preempted")
-            preempted = True
-            job.send_signal(signal.SIGTERM)
-            os.kill(int(open(task_pid).read()), signal.SIGTERM)
-    status = job.wait()
-    record("job_end", status=status)
-    if preempted or os.path.exists(os.path.join(state, "requeued")):
-        assert "--requeue" in directives, "a job submitted without --requeue cannot be requeued"
-        restarts += 1
-        continue
-    sys.exit(status)
-"""
-
-# srun: one task (torchrun on every node and its ranks, here one fake training process); like the
-# real srun, a SIGTERM makes it SIGKILL its tasks; exits with the task's status
-FAKE_SRUN = """
-import json, os, signal, subprocess, sys, time
-def record(event, **extra):
-    with open(os.environ["FAKE_LOG"], "a") as f:
-        f.write(json.dumps(dict(event=event, time=time.time(), **extra)) + "\\n")
-record("srun", argv=sys.argv[1:])
-task = subprocess.Popen([os.environ["FAKE_TRAIN"], *sys.argv[1:]], env=dict(
-    os.environ, FAKE_AS_TORCHRUN="1", FAKE_PID_FILE=os.path.join(os.environ["FAKE_SLURM_DIR"], "task.pid")))
-def forcing_termination(signum, frame):
-    record("srun_signal", signal=signal.Signals(signum).name)
-    task.kill()
-signal.signal(signal.SIGTERM, forcing_termination)
-status = task.wait()
-sys.exit(128 - status if status < 0 else status)
-"""
-
-FAKE_SCONTROL = """
-import json, os, sys, time
-args = sys.argv[1:]
-if args[:2] == ["show", "hostnames"]:
-    print("node001\\nnode002")  # node[001-002], the fake sbatch's allocation
-elif args[0] == "requeue":
-    with open(os.environ["FAKE_LOG"], "a") as f:
-        f.write(json.dumps(dict(event="requeue", job=args[1], time=time.time())) + "\\n")
-    open(os.path.join(os.environ["FAKE_SLURM_DIR"], "requeued"), "w").close()
-"""
-
-# scancel --signal=SIG JOB: the signal to every process of the job's steps (the fake training)
-FAKE_SCANCEL = """
-import json, os, signal, sys, time
-args = sys.argv[1:]
-with open(os.environ["FAKE_LOG"], "a") as f:
-    f.write(json.dumps(dict(event="scancel", argv=args, time=time.time())) + "\\n")
-name = next(a.split("=", 1)[1] for a in args if a.startswith("--signal="))
-with open(os.path.join(os.environ["FAKE_SLURM_DIR"], "task.pid")) as f:
-    os.kill(int(f.read()), getattr(signal, "SIG" + name))
-"""
-
-FAKES = {"fake_train": FAKE_TRAIN, "torchrun": FAKE_TORCHRUN, "nvidia-smi": FAKE_NVIDIA_SMI,
-         "sbatch": FAKE_SBATCH, "srun": FAKE_SRUN, "scontrol": FAKE_SCONTROL, "scancel": FAKE_SCANCEL}
+def install_fake(name, path):
+    """tests/fakes/<name> as an executable at path that runs under the interpreter running pytest."""
+    with open(os.path.join(FAKES_DIR, name)) as f:
+        shebang, source = f.read().split("\n", 1)
+    assert shebang.startswith("#!"), f"tests/fakes/{name} has no shebang"
+    path.write_text(f"#!{sys.executable}\n" + source)
+    path.chmod(0o755)
 
 
 @pytest.fixture
@@ -201,10 +43,8 @@ def fakes(tmp_path):
     """A bin directory of fake programs; gives the environment that puts them first on PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, source in FAKES.items():
-        path = bin_dir / name
-        path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(source))
-        path.chmod(0o755)
+    for name in FAKES:
+        install_fake(name, bin_dir / name)
     (tmp_path / "tmp").mkdir()
     (tmp_path / "slurm").mkdir()
     clean = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
@@ -291,9 +131,9 @@ def assert_nothing_left(env):
 # train_forever.sh
 
 
+@pytest.mark.slow
 def test_help_shows_its_own_settings_then_train_py_keys():
-    proc = subprocess.run(["bash", FOREVER, "config/sa_tiny.py", "--help"], capture_output=True, text=True,
-                          timeout=HANG_GUARD_S)
+    proc = run_script(["bash", FOREVER, "config/sa_tiny.py", "--help"])
     assert proc.returncode == 0, proc.stderr
     for setting in ("NPROC", "MAX_RESTARTS", "RESTART_DELAY", "TRAIN_EXIT_STATUS_FILE"):
         assert setting in proc.stdout
@@ -301,6 +141,7 @@ def test_help_shows_its_own_settings_then_train_py_keys():
     assert "run finished" not in proc.stdout and "restarting" not in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("status", [2, 3])
 def test_an_error_no_restart_fixes_ends_the_loop_after_one_launch(fakes, nproc, status):
@@ -312,6 +153,7 @@ def test_an_error_no_restart_fixes_ends_the_loop_after_one_launch(fakes, nproc, 
     assert_nothing_left(fakes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_a_crash_is_relaunched_from_the_newest_checkpoint(fakes, nproc):
     proc = forever(fakes, "config/sa_tiny.py", "--max_iters=50", NPROC=str(nproc), FAKE_MODE="exit:1")
@@ -324,6 +166,7 @@ def test_a_crash_is_relaunched_from_the_newest_checkpoint(fakes, nproc):
     assert_nothing_left(fakes)
 
 
+@pytest.mark.slow
 def test_crashes_are_relaunched_max_restarts_times_then_it_gives_up(fakes):
     proc = forever(fakes, "config/sa_tiny.py", NPROC="1", FAKE_MODE="exit:7", FAKE_RESUMED="same",
                    MAX_RESTARTS="2")
@@ -332,6 +175,7 @@ def test_crashes_are_relaunched_max_restarts_times_then_it_gives_up(fakes):
     assert len(events(fakes, "start")) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 143)])
 def test_a_signal_stops_the_training_at_a_checkpoint_and_ends_the_loop(fakes, nproc, sig, status):
@@ -352,6 +196,7 @@ def test_a_signal_stops_the_training_at_a_checkpoint_and_ends_the_loop(fakes, np
     assert_nothing_left(fakes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [130, 143])
 def test_a_training_stopped_by_a_signal_of_its_own_is_not_relaunched(fakes, status):
     proc = forever(fakes, "config/sa_tiny.py", NPROC="2", FAKE_MODE=f"exit:{status}")
@@ -360,6 +205,7 @@ def test_a_training_stopped_by_a_signal_of_its_own_is_not_relaunched(fakes, stat
     assert len(events(fakes, "torchrun")) == 1
 
 
+@pytest.mark.slow
 def test_a_signal_during_the_restart_delay_ends_the_loop_at_once(fakes):
     proc = forever(fakes, "config/sa_tiny.py", NPROC="1", FAKE_MODE="exit:1", RESTART_DELAY="36000")
     for line in proc.stdout:
@@ -371,6 +217,7 @@ def test_a_signal_during_the_restart_delay_ends_the_loop_at_once(fakes):
     assert len(events(fakes, "start")) == 1
 
 
+@pytest.mark.slow
 def test_ranks_of_a_killed_torchrun_are_stopped_before_the_relaunch(fakes):
     """kill -9 on torchrun orphans its ranks; they must not outlive it and hold out_dir against the
     relaunch. Their SIGTERM statuses (143) come after torchrun's death and do not stop the loop."""
@@ -388,6 +235,7 @@ def test_ranks_of_a_killed_torchrun_are_stopped_before_the_relaunch(fakes):
     assert_nothing_left(fakes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("visible, nproc", [(None, 4), ("0,1", 2), ("3", 1), ("", 1)])
 def test_processes_follow_cuda_visible_devices_as_in_the_sweeps(fakes, tmp_path, visible, nproc):
     """One GPU count for train_forever.sh and the sweeps: CUDA_VISIBLE_DEVICES when set (empty
@@ -408,6 +256,7 @@ def test_processes_follow_cuda_visible_devices_as_in_the_sweeps(fakes, tmp_path,
     assert [c["launcher"] for c in sweep] == [expected] * 2
 
 
+@pytest.mark.slow
 def test_a_bad_process_count_is_a_config_error(fakes):
     proc = forever(fakes, "config/sa_tiny.py", NPROC="two")
     output = finish(proc)
@@ -420,9 +269,8 @@ def test_a_bad_process_count_is_a_config_error(fakes):
 
 
 def submit(env, *args, **extra):
-    proc = subprocess.run(["sbatch", SLURM, *args], env={**env, **extra}, cwd=REPO, capture_output=True,
-                          text=True, timeout=HANG_GUARD_S)
-    return proc, proc.stdout + proc.stderr
+    result = run_script(["sbatch", SLURM, *args], env={**env, **extra}, timeout=HANG_GUARD_S)
+    return result, result.output
 
 
 def directives():
@@ -439,6 +287,7 @@ def test_slurm_job_asks_for_a_warning_before_its_time_limit_and_may_be_requeued(
     assert int(spec.split("@")[1]) >= 300  # time to finish a step and write a checkpoint
 
 
+@pytest.mark.slow
 def test_slurm_job_at_its_time_limit_checkpoints_requeues_and_resumes(fakes):
     proc, output = submit(fakes, "config/xsa_2p7b.py", "--parallelism=fsdp", FAKE_TIME_LIMITS="1")
     assert proc.returncode == 0, output
@@ -460,6 +309,7 @@ def test_slurm_job_at_its_time_limit_checkpoints_requeues_and_resumes(fakes):
     assert [e["status"] for e in events(fakes, "exit")] == [143, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, status", [("exit:0", 0), ("exit:2", 2), ("exit:3", 3), ("exit:1", 1)])
 def test_slurm_job_that_ends_by_itself_is_not_requeued(fakes, mode, status):
     """srun exits 1 for train.py's 2 and 3 as for a crash; the job ends with train.py's status."""
@@ -468,18 +318,22 @@ def test_slurm_job_that_ends_by_itself_is_not_requeued(fakes, mode, status):
     assert len(events(fakes, "srun")) == 1 and not events(fakes, "requeue")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, status", [("exit:2", 2), ("exit:0", 0)])
 def test_slurm_job_that_fails_or_finishes_at_its_time_limit_is_not_requeued(fakes, mode, status):
     """The warning comes while the run is already stopping: an error no restart fixes, or the end."""
     env = {**fakes, "FAKE_MODE": "run"}
-    slow_stop = FAKE_TRAIN.replace("    stop(128 + signum)", f"    stop({mode[5:]})")
-    with open(fakes["FAKE_TRAIN"], "w") as f:
-        f.write(f"#!{sys.executable}\n" + textwrap.dedent(slow_stop))
+    with open(fakes["FAKE_TRAIN"]) as f:
+        source = f.read()
+    assert "    stop(128 + signum)" in source
+    with open(fakes["FAKE_TRAIN"], "w") as f:  # the fake's signal handler stops with mode's status instead
+        f.write(source.replace("    stop(128 + signum)", f"    stop({mode[5:]})"))
     proc, output = submit(env, "config/xsa_2p7b.py", FAKE_TIME_LIMITS="1")
     assert proc.returncode == status, output
     assert len(events(fakes, "srun")) == 1 and not events(fakes, "requeue")
 
 
+@pytest.mark.slow
 def test_slurm_job_waits_for_the_checkpoint_when_preempted(fakes):
     """Preemption (or scancel) sends SIGTERM to the batch script and the training at once: the
     script must outlive the training's checkpoint; Slurm requeues the job, which resumes."""
@@ -515,13 +369,15 @@ def real_env(**extra):
     return {**clean, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "RESTART_DELAY": "0", **extra}
 
 
+@pytest.mark.slow
 def test_real_config_error_under_torchrun_stops_after_one_launch():
-    proc = subprocess.run(["bash", FOREVER, "config/sa_tiny.py", "--batch_size=0"], capture_output=True,
-                          text=True, timeout=HANG_GUARD_S, env=real_env(NPROC="2", MAX_RESTARTS="2"))
+    proc = run_script(["bash", FOREVER, "config/sa_tiny.py", "--batch_size=0"],
+                      env=real_env(NPROC="2", MAX_RESTARTS="2"), timeout=HANG_GUARD_S)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "restarting" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_real_ctrl_c_under_torchrun_checkpoints_and_stops(tmp_path, data_dir):
     out_dir = str(tmp_path / "run")
     args = micro_args(data_dir, out_dir, max_iters=5000, checkpoint_interval=2500, eval_interval=2500)
@@ -542,6 +398,7 @@ def test_real_ctrl_c_under_torchrun_checkpoints_and_stops(tmp_path, data_dir):
     assert len(ranks) >= 3 and not any(alive(pid) for pid in ranks)  # torchrun and its two ranks
 
 
+@pytest.mark.slow
 def test_real_ranks_of_a_killed_torchrun_are_gone_before_the_relaunch(tmp_path, data_dir):
     out_dir = str(tmp_path / "run")
     max_iters = 40

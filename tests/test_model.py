@@ -174,6 +174,7 @@ def test_xsa_config_differs_from_sa_only_in_attn_type():
         assert {k for k in sa if sa[k] != xsa[k]} == {"attn_type"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_type", ["sa", "xsa"])
 def test_overfits_a_fixed_batch(attn_type):
     model = micro_model(attn_type=attn_type).train()

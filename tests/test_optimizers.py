@@ -161,6 +161,7 @@ def split_muon_worker(rank, world, out_dir, parallelism):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_split_muon_matches_torch_muon_and_each_process_orthogonalises_its_share(tmp_path, parallelism):
     """Two processes, each orthogonalising about half the matrices and exchanging the bf16 results, end

@@ -9,9 +9,14 @@ import shlex
 import shutil
 import subprocess
 
-from conftest import REPO
+import pytest
+
+from conftest import HANG_GUARD_S, REPO, run_script
 from shards import list_shards, read_header
 from test_sweeps import config_value, sweep_env
+
+# quickstart.sh prepares data and trains in subprocesses: the slow tier
+pytestmark = pytest.mark.slow
 
 STEPS = 4
 
@@ -29,9 +34,9 @@ def copy_repo(dest):
 
 
 def quickstart(repo, cwd, env, steps):
-    proc = subprocess.run(["bash", os.path.join(repo, "scripts", "quickstart.sh"), f"--max_iters={steps}",
-                           "--checkpoint_interval=2", f"--eval_interval={steps}", "--val_tokens=2048"], cwd=str(cwd),
-                          env=env, capture_output=True, text=True)
+    proc = run_script(["bash", os.path.join(repo, "scripts", "quickstart.sh"), f"--max_iters={steps}",
+                       "--checkpoint_interval=2", f"--eval_interval={steps}", "--val_tokens=2048"], cwd=cwd, env=env,
+                      timeout=HANG_GUARD_S)  # prepare.py's worker processes
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -76,9 +81,9 @@ def test_quickstart_scores_a_small_val_split_and_says_what_its_result_rests_on(t
         assert f"MB (ckpt_0000002.pt); {in_all / 1e6:.0f} MB in all" in again.stdout
 
     # the small study, given the same data, takes these shards as they are (one setting for both)
-    study = subprocess.run([os.path.join(repo, "scripts", "small_study.sh")], capture_output=True, text=True,
-                           env=sweep_env(DRY_RUN="1", DATA_DIR=shards, INPUT=plays, OUT_ROOT=str(tmp_path / "out")))
+    study = run_script([os.path.join(repo, "scripts", "small_study.sh")],
+                       env=sweep_env(DRY_RUN="1", DATA_DIR=shards, INPUT=plays, OUT_ROOT=str(tmp_path / "out")))
     assert study.returncode == 0, study.stderr
     prepare = next(shlex.split(line) for line in study.stdout.splitlines() if "prepare.py" in line)
-    again = subprocess.run(prepare, cwd=repo, capture_output=True, text=True)
+    again = run_script(prepare, cwd=repo, timeout=HANG_GUARD_S)
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr

@@ -14,7 +14,7 @@ import torch
 
 from checkpoint import save_checkpoint
 from checkpointer import list_checkpoints, load_latest_checkpoint, prune_checkpoints
-from conftest import CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, make_optimizer, micro_args, run_train
+from conftest import CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, make_optimizer, micro_args, run_script, run_train
 from metrics import read_metrics
 
 # dropout makes every step draw random numbers, so a lost RNG state would show in the losses
@@ -40,6 +40,7 @@ def uninterrupted(data_dir, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_type", ["sa", "xsa"])
 def test_stop_and_resume_is_bitwise_identical(data_dir, tmp_path, uninterrupted, attn_type):
     out = str(tmp_path / "run")
@@ -53,12 +54,14 @@ def test_stop_and_resume_is_bitwise_identical(data_dir, tmp_path, uninterrupted,
     assert val == full
 
 
+@pytest.mark.slow
 def test_evaluation_and_checkpoints_do_not_change_training(data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "eval_interval": 100, "checkpoint_interval": 0}))
     assert losses(out) == losses(uninterrupted["sa"])
 
 
+@pytest.mark.slow
 def test_sigkill_after_first_checkpoint_then_resume(data_dir, tmp_path):
     settings = dict(RESUME, max_iters=30, lr_decay_iters=30, checkpoint_interval=3, eval_interval=100)
     full = str(tmp_path / "full")
@@ -79,6 +82,7 @@ def test_sigkill_after_first_checkpoint_then_resume(data_dir, tmp_path):
     assert losses(out) == losses(full)
 
 
+@pytest.mark.slow
 def test_two_process_run_resumes_on_one_process(data_dir, tmp_path):
     settings = dict(max_iters=6, lr_decay_iters=6, eval_interval=100, checkpoint_interval=3,
                     batch_size=2, total_batch_size=2 * 2 * 32 * 2)
@@ -91,6 +95,7 @@ def test_two_process_run_resumes_on_one_process(data_dir, tmp_path):
         assert step_a == step_b and a == pytest.approx(b, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_truncated_checkpoint_falls_back_to_previous(data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **RESUME))
@@ -104,6 +109,7 @@ def test_truncated_checkpoint_falls_back_to_previous(data_dir, tmp_path, uninter
     assert losses(out) == losses(uninterrupted["sa"])
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
@@ -119,6 +125,7 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path)
     assert not [f for f in os.listdir(out) if ".tmp" in f]
 
 
+@pytest.mark.slow
 def test_nonfinite_steps_can_be_skipped(data_dir, tmp_path):
     out = str(tmp_path / "run")
     proc = run_train(micro_args(data_dir, out, **{**RESUME, "learning_rate": 1e3, "loss_spike_factor": 0,
@@ -128,6 +135,7 @@ def test_nonfinite_steps_can_be_skipped(data_dir, tmp_path):
     assert proc.returncode == 3 and "non-finite" in proc.stderr
 
 
+@pytest.mark.slow
 def test_resume_with_other_architecture_is_refused(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
@@ -137,6 +145,7 @@ def test_resume_with_other_architecture_is_refused(data_dir, tmp_path):
     assert "n_layer: checkpoint 2 vs now 3" in proc.stderr and "attn_type: checkpoint 'sa' vs now 'xsa'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_the_documented_state_and_loads_weights_only(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "keep_checkpoints": 1}))
@@ -178,6 +187,7 @@ def training_processes(out_dir):
     return pids
 
 
+@pytest.mark.slow
 def test_train_forever_relaunches_after_a_crash(data_dir, tmp_path):
     out = str(tmp_path / "run")
     settings = dict(RESUME, max_iters=30, lr_decay_iters=30, checkpoint_interval=3, eval_interval=100)
@@ -199,6 +209,7 @@ def test_train_forever_relaunches_after_a_crash(data_dir, tmp_path):
     assert losses(out) == losses(full)
 
 
+@pytest.mark.slow
 def test_scratch_run_over_old_checkpoints_is_refused_unless_they_are_moved_aside(data_dir, tmp_path):
     """A later resume must not take the earlier run's newest checkpoint for this run's: starting from
     scratch over checkpoints is a config error (nothing touched); overwrite moves the earlier run aside."""
@@ -228,6 +239,7 @@ def flip_bytes_in_the_middle(path):
         f.write(bytes(b ^ 0xFF for b in chunk))
 
 
+@pytest.mark.slow
 def test_corrupted_checkpoint_is_detected_by_checksum_and_skipped(data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **RESUME))
@@ -254,6 +266,7 @@ def test_pruning_never_deletes_a_readable_checkpoint_in_favour_of_an_unreadable_
     assert "ckpt_0000004.pt" in kept and "ckpt_0000012.pt" in kept
 
 
+@pytest.mark.slow
 def test_temp_files_of_a_killed_save_are_removed_at_start(data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
@@ -283,6 +296,7 @@ def test_full_disk_during_save_raises_oserror_and_keeps_the_previous_checkpoint(
     assert os.listdir(tmp_path) == ["ckpt_0000001.pt"] and digest(list_checkpoints(str(tmp_path))[0]) == before
 
 
+@pytest.mark.slow
 def test_full_disk_during_training_exits_3_and_keeps_the_previous_checkpoint(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
@@ -292,8 +306,7 @@ def test_full_disk_during_training_exits_3_and_keeps_the_previous_checkpoint(dat
               "resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20)); sys.argv = sys.argv[1:]; "
               "runpy.run_path('train.py', run_name='__main__')")
     args = micro_args(data_dir, out, init_from="resume", **RESUME)
-    proc = subprocess.run([sys.executable, "-c", script, "train.py", *args], cwd=REPO, capture_output=True,
-                          text=True)
+    proc = run_script([sys.executable, "-c", script, "train.py", *args])
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "checkpoint write failed at step 8" in proc.stderr and "previous checkpoints are untouched" in proc.stderr
     assert {p: digest(p) for p in list_checkpoints(out)} == before
@@ -315,6 +328,7 @@ def test_checkpointer_refuses_to_save_a_non_finite_state(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_skipped_non_finite_last_step_still_evaluates_and_checkpoints(data_dir, tmp_path):
     out = str(tmp_path / "run")
     # an absurd learning rate makes every step after the first non-finite; all of them may be skipped
@@ -327,6 +341,7 @@ def test_skipped_non_finite_last_step_still_evaluates_and_checkpoints(data_dir, 
     assert "val_loss" in read_metrics(os.path.join(out, "metrics.jsonl"))[-1]
 
 
+@pytest.mark.slow
 def test_resume_applies_the_weight_decay_given_now_even_after_zero(data_dir, tmp_path):
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "weight_decay": 0.0}))
@@ -336,6 +351,7 @@ def test_resume_applies_the_weight_decay_given_now_even_after_zero(data_dir, tmp
     assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.05]
 
 
+@pytest.mark.slow
 def test_extending_a_finished_run_warns_that_the_cosine_is_stretched(data_dir, tmp_path):
     out = str(tmp_path / "run")
     settings = {**RESUME, "lr_decay_iters": None, "max_iters": 6, "warmup_iters": 2}
@@ -345,6 +361,7 @@ def test_extending_a_finished_run_warns_that_the_cosine_is_stretched(data_dir, t
     assert "--lr_decay_iters=4" in proc.stdout
 
 
+@pytest.mark.slow
 def test_samples_are_logged_and_do_not_change_training(data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
     proc = run_train(micro_args(data_dir, out, sample_interval=4, **RESUME))
@@ -353,6 +370,7 @@ def test_samples_are_logged_and_do_not_change_training(data_dir, tmp_path, unint
     assert losses(out) == losses(uninterrupted["sa"])  # sampling draws from its own generator
 
 
+@pytest.mark.slow
 def test_muon_run_resumes_exactly_and_keeps_its_own_learning_rate(data_dir, tmp_path):
     muon = dict(RESUME, optimizer="muon", attn_type="xsa", muon_adjust_lr="original", muon_learning_rate=0.02)
     full, out = str(tmp_path / "full"), str(tmp_path / "run")
@@ -398,6 +416,7 @@ def long_run(data_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum,status,nproc", [(signal.SIGTERM, 143, 1), (signal.SIGINT, 130, 1),
                                                  (signal.SIGTERM, 143, 2)])
 def test_a_signal_ends_the_step_writes_a_checkpoint_and_the_resume_continues_exactly(
@@ -427,6 +446,7 @@ def test_a_signal_ends_the_step_writes_a_checkpoint_and_the_resume_continues_exa
     assert losses(out) == losses(reference)
 
 
+@pytest.mark.slow
 def test_permanent_errors_reach_the_launcher_through_the_exit_status_file(data_dir, tmp_path):
     """torchrun exits 1 whatever its processes chose: train_forever.sh would relaunch a config error."""
     status_file = tmp_path / "exit_status"
@@ -439,6 +459,7 @@ def test_permanent_errors_reach_the_launcher_through_the_exit_status_file(data_d
     assert status_file.read_text() == "3\n"
 
 
+@pytest.mark.slow
 def test_a_second_run_in_the_same_out_dir_stops_naming_the_first(data_dir, tmp_path):
     """One run per out_dir: the second exits 3 naming the holder's PID; the lock dies with its holder
     (kill -9 included), so a relaunch then resumes."""
@@ -455,6 +476,7 @@ def test_a_second_run_in_the_same_out_dir_stops_naming_the_first(data_dir, tmp_p
     assert not os.path.exists(os.path.join(out, ".train.lock"))  # released at the end
 
 
+@pytest.mark.slow
 def test_run_state_flips_are_all_detected(data_dir, tmp_path):
     """Every bit that a resume reads is checksummed: flipping any one of 60 random bits of a checkpoint
     file either makes it unreadable or leaves what it loads unchanged, never a silently different state
@@ -513,6 +535,7 @@ def test_flipped_bits_in_a_sharded_run_state_are_detected(tmp_path):
     assert silent == []
 
 
+@pytest.mark.slow
 def test_a_finite_blow_up_stops_the_run_and_keeps_the_best_checkpoint(data_dir, tmp_path):
     """A run resumed at a learning rate that makes it diverge (finite losses in the hundreds): the
     spiking states are never checkpointed, the run stops with exit 3, and the checkpoint of the best
@@ -531,6 +554,7 @@ def test_a_finite_blow_up_stops_the_run_and_keeps_the_best_checkpoint(data_dir, 
     assert len(names) <= 2  # keep_checkpoints=1, plus the best
 
 
+@pytest.mark.slow
 def test_the_checkpoint_whose_weights_blew_up_is_set_aside_and_the_resume_takes_a_healthy_one(data_dir, tmp_path):
     """The loss of step N is computed with the weights of checkpoint N-1: when it spikes, that checkpoint is
     set aside (ckpt_N-1.pt.spiked) instead of being the newest, which a resume would take."""
@@ -549,6 +573,7 @@ def test_the_checkpoint_whose_weights_blew_up_is_set_aside_and_the_resume_takes_
     assert read_metrics(os.path.join(out, "metrics.jsonl"))[-1]["train_loss"] < 11  # healthy weights
 
 
+@pytest.mark.slow
 def test_a_spike_on_the_last_step_is_not_a_finished_run(data_dir, tmp_path):
     out = str(tmp_path / "run")
     settings = dict(RESUME, dropout=0.0, checkpoint_interval=1)

@@ -11,8 +11,11 @@ import time
 
 import pytest
 
-from conftest import HANG_GUARD_S, REPO, micro_args
+from conftest import HANG_GUARD_S, REPO, micro_args, run_script
 from metrics import read_metrics
+
+# every test starts a sweep script (scripts/*.sh), some train: the slow tier
+pytestmark = pytest.mark.slow
 
 SCRIPTS = ["sweep_lr.sh", "sweep_seqlen.sh", "sweep_sinks.sh", "sweep_sizes.sh", "sweep_optimizer.sh",
            "small_study.sh"]
@@ -28,8 +31,8 @@ def sweep_env(**env):
 
 
 def run_sweep(script, *args, check=True, timeout=HANG_GUARD_S, **env):
-    proc = subprocess.run([os.path.join(REPO, "scripts", script), *args], capture_output=True, text=True,
-                          timeout=timeout, env=sweep_env(**env), cwd="/")  # the scripts find the repo themselves
+    proc = run_script([os.path.join(REPO, "scripts", script), *args], env=sweep_env(**env), timeout=timeout,
+                      cwd="/")  # the scripts find the repo themselves
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
@@ -376,9 +379,8 @@ def test_sweeps_resolve_a_runs_config_as_train_py_does():
     from train_config import resolve, variant_name
     argv = ["config/xsa_1p4b.py", "--max_iters=1234", "--learning_rate=2e-4", "--xsa_gate=True"]
     keys = ["max_iters", "learning_rate", "batch_size", "block_size", "eval_interval", "lr_decay_iters", "min_lr"]
-    proc = subprocess.run(["bash", "-c", 'source scripts/sweep_common.sh && resolve_config "$@"', "resolve",
-                           " ".join(keys + ["variant"]), *argv], cwd=REPO, capture_output=True, text=True,
-                          env=sweep_env())
+    proc = run_script(["bash", "-c", 'source scripts/sweep_common.sh && resolve_config "$@"', "resolve",
+                       " ".join(keys + ["variant"]), *argv], env=sweep_env())
     assert proc.returncode == 0, proc.stderr
     config, _ = resolve([os.path.join(REPO, a) if a.startswith("config/") else a for a in argv])
     assert proc.stdout.split() == [str(getattr(config, k)) for k in keys] + [variant_name(config)]

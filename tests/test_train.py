@@ -9,9 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, TRAINED_RUN, TRAINED_STEPS, micro_args, run_train
+from conftest import REPO, TRAINED_RUN, TRAINED_STEPS, micro_args, run_script, run_train
 from metrics import read_metrics
 from shards import list_shards, read_shard
+
+# every test starts train.py or reads the runs it trained: the slow tier
+pytestmark = pytest.mark.slow
 
 FIELDS = {"step", "train_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "peak_mem_gb", "tokens", "elapsed_s", "time"}
 
@@ -136,14 +139,12 @@ def test_token_id_beyond_the_vocabulary_names_the_shard(data_dir, tmp_path, spli
 def test_a_run_from_a_modified_tree_saves_the_diff(data_dir, tmp_path):
     """The commit and the dirty flag do not reproduce a run of uncommitted code: the diff is saved too."""
     import subprocess
-    import sys
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", REPO, str(clone)], check=True)
     model_py = clone / "model.py"
     model_py.write_text(model_py.read_text() + "\n# an uncommitted change\n")
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "train.py", *micro_args(data_dir, str(out), max_iters=1, eval_interval=1)],
-                          cwd=clone, capture_output=True, text=True)
+    proc = run_script(["train.py", *micro_args(data_dir, str(out), max_iters=1, eval_interval=1)], cwd=clone)
     assert proc.returncode == 0, proc.stderr[-2000:]
     provenance = json.loads((out / "config.json").read_text())["provenance"]
     assert provenance["git_dirty"] is True
@@ -158,10 +159,7 @@ def test_wandb_without_an_api_key_is_a_config_error_before_anything_is_built(dat
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(tmp_path / "home"), NETRC=str(tmp_path / "no_netrc"))
-    import subprocess
-    import sys
-    proc = subprocess.run([sys.executable, "train.py", *micro_args(data_dir, str(out), wandb_log=True)], cwd=REPO,
-                          capture_output=True, text=True, env=env)
+    proc = run_script(["train.py", *micro_args(data_dir, str(out), wandb_log=True)], env=env)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip() == ("config error: wandb_log=True, but wandb has no API key here: run `wandb login` "
                                    "(or set WANDB_API_KEY), log locally with WANDB_MODE=offline, or pass "
