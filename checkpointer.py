@@ -251,7 +251,11 @@ class Checkpointer:
         if saved_optimizer != config["optimizer"]:  # its state would not fit this optimizer's
             raise ValueError(f"checkpoint {path} was trained with optimizer={saved_optimizer!r}, not "
                              f"{config['optimizer']!r}: resume it with --optimizer={saved_optimizer}")
+        built = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         load_training_state(path, state, self.model, self.optimizer)  # either format, any parallelism
+        for group, fresh in zip(self.optimizer.param_groups, built):  # keys an older train.py did not save
+            for k, v in fresh.items():  # ("decay", "algorithm", ...): the groups keep their order
+                group.setdefault(k, v)
         self.loader.load_state_dict(state["loader"])
         states = state["rng"]
         set_rng_state(states[self.runtime.rank % len(states)], self.runtime.device_type)

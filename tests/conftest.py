@@ -23,6 +23,8 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 # the scripts the tests start run "python", "torchrun" and "hf": those of the interpreter running pytest
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 os.environ.setdefault("PYTHON", sys.executable)
+# the tests' git calls (a clone of the checkout, its file list) work in a checkout another user owns
+os.environ["GIT_CONFIG_GLOBAL"] = os.path.join(REPO, "tests", "fixtures", "trust_any_checkout.gitconfig")
 # Tests started in the background (nohup, `&` in a script) inherit SIGINT ignored, and so would the scripts
 # they start, whose Ctrl-C handling the tests check: a shell cannot trap a signal ignored at its start.
 # Handled here, it is default again in every child (pytest-xdist runs tests in the main thread).
@@ -148,16 +150,66 @@ def run_script(cmd, *, cwd=REPO, env=None, timeout=None):
     return Result(args, proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_in_process(cmd, env=None, cwd=REPO):
+    """Run a Python script of the repository (cmd: its path, relative to cwd, and its arguments) in this
+    process, as `python script args` would run it from cwd, without the seconds a new Python spends
+    importing torch; returns its Result: exit status, stdout and stderr (warnings, and the traceback of a
+    crash with status 1, included). The working directory, sys.argv, sys.path, the environment and the
+    signal handlers are restored after. Not for a script that reads its environment at import (the Hub's
+    address), starts worker processes, or whose test needs a process of its own to signal or kill."""
+    import contextlib
+    import io
+    import runpy
+    import traceback
+    import warnings
+    args = [str(a) for a in cmd]
+    out, err = io.StringIO(), io.StringIO()
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    saved = dict(environ=dict(os.environ), cwd=os.getcwd(), argv=sys.argv, path=list(sys.path))
+    os.environ.update(env or {})
+    os.chdir(cwd)
+    sys.argv = args
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("always")  # a new process has seen none yet; Python ignores these there too:
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
+                sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))  # not pytest's
+            try:
+                runpy.run_path(args[0], run_name="__main__")
+                status = 0
+            except SystemExit as e:  # sys.exit(status), sys.exit("message"), argparse's errors, --help
+                status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                if not isinstance(e.code, (int, type(None))):
+                    print(e.code, file=sys.stderr)
+            except Exception:
+                traceback.print_exc()
+                status = 1
+    finally:
+        os.chdir(saved["cwd"])
+        os.environ.clear()
+        os.environ.update(saved["environ"])
+        sys.argv, sys.path[:] = saved["argv"], saved["path"]
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return Result(args, status, out.getvalue(), err.getvalue())
+
+
 def run_train(args, nproc=1, check=True, env=None):
-    """Run train.py (or torchrun with nproc processes) from the repo root; returns its Result.
-    No time limit on one process, which cannot hang; a deadlock between processes ends after HANG_GUARD_S."""
-    if nproc == 1:
-        cmd = ["train.py", *args]
+    """Run train.py from the repo root, in this process (one process: the training is the same, and a
+    test spends its time training rather than starting Python), or under torchrun with nproc processes;
+    returns its Result. A run that logs to wandb, which takes over stdout, gets a process of its own. No time
+    limit on one process, which cannot hang; a deadlock between processes ends after HANG_GUARD_S."""
+    if nproc == 1 and "--wandb_log=True" not in args:
+        result = run_in_process(["train.py", *args], env)
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "train.py", *args]
-    full_env = {**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, CPU_THREADS // nproc)), **(env or {})}
-    result = run_script(cmd, env=full_env, timeout=None if nproc == 1 else HANG_GUARD_S)
+        cmd = ["train.py", *args] if nproc == 1 else \
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py",
+             *args]
+        full_env = {**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, CPU_THREADS // nproc)),
+                    **(env or {})}
+        result = run_script(cmd, env=full_env, timeout=None if nproc == 1 else HANG_GUARD_S)
     if check and result.status != 0:
         raise AssertionError(f"train.py failed ({result.status}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
@@ -166,32 +218,48 @@ def run_train(args, nproc=1, check=True, env=None):
 # the SA run learns past the best context-free (unigram) loss; the XSA run is shorter, for evaluation tests
 TRAINED_RUN = dict(batch_size=8, total_batch_size=1024, learning_rate=3e-2, warmup_iters=5,
                    eval_interval=50, checkpoint_interval=50, val_tokens=4096)
-TRAINED_STEPS = {"sa": 150, "xsa": 50}
+TRAINED_STEPS = {"sa": 100, "xsa": 50}
 
 
 @pytest.fixture(scope="session")
 def trained_runs(tmp_path_factory, data_dir, worker_id):
     """Micro SA and XSA runs trained once for the session: {"sa": out_dir, "xsa": out_dir}. Under
-    pytest-xdist the first worker to ask trains them in the session's shared temp dir; the others wait
-    for it (a file lock) and read the same runs."""
+    pytest-xdist they are trained in the session's shared temp dir, each under a file lock of its own: a
+    worker trains the first run nobody is training, the next one to ask trains the other meanwhile, and
+    then every worker waits for both and reads the same runs."""
     import filelock
     if worker_id == "master":  # one process: this session's own temp dir
-        return train_runs(tmp_path_factory.mktemp("trained_runs"), data_dir)
+        root = tmp_path_factory.mktemp("trained_runs")
+        return {attn_type: train_run(root / attn_type, attn_type, data_dir) for attn_type in TRAINED_STEPS}
     shared = tmp_path_factory.getbasetemp().parent / "trained_runs"  # unique to this session's workers
-    with filelock.FileLock(f"{shared}.lock"):
-        if not (shared / "done").exists():
-            shutil.rmtree(shared, ignore_errors=True)  # a worker's failed attempt: train again, fail alike
-            train_runs(shared, data_dir)
-            (shared / "done").touch()
+    shared.mkdir(exist_ok=True)
+
+    def train_unless_done(attn_type, lock):
+        with lock:
+            if not (shared / f"{attn_type}.done").exists():
+                shutil.rmtree(shared / attn_type, ignore_errors=True)  # a failed attempt: train again, fail alike
+                train_run(shared / attn_type, attn_type, data_dir)
+                (shared / f"{attn_type}.done").touch()
+
+    locks = {attn_type: filelock.FileLock(f"{shared / attn_type}.lock") for attn_type in TRAINED_STEPS}
+    for attn_type, lock in locks.items():  # those nobody trains yet
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            continue
+        try:
+            train_unless_done(attn_type, lock)
+        finally:
+            lock.release()
+    for attn_type, lock in locks.items():  # then wait for the others'
+        train_unless_done(attn_type, lock)
     return {attn_type: str(shared / attn_type) for attn_type in TRAINED_STEPS}
 
 
-def train_runs(root, data_dir):
-    runs = {}
-    for attn_type, steps in TRAINED_STEPS.items():
-        runs[attn_type] = str(root / attn_type)
-        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, max_iters=steps, **TRAINED_RUN))
-    return runs
+def train_run(out_dir, attn_type, data_dir):
+    run_train(micro_args(data_dir, str(out_dir), attn_type=attn_type, max_iters=TRAINED_STEPS[attn_type],
+                         **TRAINED_RUN))
+    return str(out_dir)
 
 
 # -----------------------------------------------------------------------------

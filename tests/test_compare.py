@@ -11,7 +11,7 @@ import statistics
 import pytest
 
 from train_config import BOOKKEEPING_KEYS, TRAIN_KEYS, VARIANT_KEYS
-from conftest import REPO, run_script
+from conftest import REPO, run_in_process
 
 # Student t quantiles from a printed table, by degrees of freedom: 0.975 (95% intervals), 0.95 (90%)
 T_975 = {1: 12.706205, 2: 4.302653, 3: 3.182446, 4: 2.776445, 10: 2.228139, 30: 2.042272}
@@ -48,7 +48,7 @@ def write_run(root, name, attn_type, seed, val_losses, learning_rate=1e-3, init_
 
 
 def run_compare(*args):
-    proc = run_script(["eval/compare.py", *args])
+    proc = run_in_process(["eval/compare.py", *args])
     assert proc.returncode == 0, proc.output
     return proc
 

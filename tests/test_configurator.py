@@ -8,7 +8,7 @@ from typing import Literal
 import pytest
 import torch
 
-from conftest import REPO, run_script
+from conftest import REPO, run_in_process
 from configurator import ConfigError, config_class, key, keys_of, parse_config, positive, resolve
 
 
@@ -36,7 +36,8 @@ class Derived:
 
 
 def run_train_cli(*args, cwd=REPO):
-    return run_script([os.path.join(REPO, "train.py"), *args], cwd=cwd)
+    """train.py as a user runs it: its exit status and what it printed (in this process, see conftest)."""
+    return run_in_process([os.path.join(REPO, "train.py"), *args], cwd=cwd)
 
 
 def test_keys_come_with_default_type_meaning_and_checks():
@@ -231,3 +232,10 @@ def test_a_config_file_with_a_syntax_error_is_one_line(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith(f"config error: config file '{bad}' failed: SyntaxError")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_train_text_keys_take_numbers_as_text():
+    import train_config
+    c, _ = train_config.resolve(["config/sa_tiny.py", "--wandb_run_name=2024", "--out_dir=123", "--wandb_group=7"])
+    assert (c.wandb_run_name, c.out_dir, c.wandb_group) == ("2024", "123", "7")
+    assert train_config.resolve(["--wandb_group=None"])[0].wandb_group == "run"  # None: derived, as the default

@@ -23,7 +23,7 @@ import yaml  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from checkpointer import list_checkpoints  # noqa: E402
-from conftest import REPO, run_script  # noqa: E402
+from conftest import REPO, run_in_process, run_script  # noqa: E402
 from eval.common import load_model  # noqa: E402
 from eval.downstream import PAPER_TABLE2, TASKS, make_adapter_class  # noqa: E402
 from fakes.hub import NOWHERE, no_hub_env  # noqa: E402
@@ -219,7 +219,7 @@ def fixture_tasks(tmp_path_factory):
 @pytest.fixture(scope="module")
 def downstream_report(trained_runs, fixture_tasks, tmp_path_factory):
     out = tmp_path_factory.mktemp("downstream")
-    proc = run_script(
+    proc = run_in_process(
         ["eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", trained_runs["xsa"],
          "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--batch_size", "4",
          "--bootstrap_iters", "10", "--paper", "--out", out])
@@ -303,7 +303,7 @@ def test_a_checkpoint_that_cannot_be_loaded_is_named_in_one_line(trained_runs, f
             data = f.read()
         with open(path, "wb") as f:
             f.write(data[:len(data) // 3])
-    proc = run_script(
+    proc = run_in_process(
         ["eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", path, "--tasks", "boolq",
          "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -414,7 +414,7 @@ def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs,
 
 @pytest.mark.slow
 def test_an_unknown_task_is_refused_before_any_model_loads(trained_runs, fixture_tasks, tmp_path):
-    proc = run_script(["eval/downstream.py", trained_runs["sa"], "--tasks", "boolq,hellaswa",
+    proc = run_in_process(["eval/downstream.py", trained_runs["sa"], "--tasks", "boolq,hellaswa",
                        "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode == 2 and "evaluating" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].endswith(

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from checkpoint import save_sharded_checkpoint
 from checkpointer import list_checkpoints
-from conftest import HANG_GUARD_S, MICRO, REPO, run_script
+from conftest import HANG_GUARD_S, MICRO, REPO, run_in_process
 from eval.common import load_model
 from dataloader import val_sequences
 from eval import common
@@ -166,7 +166,7 @@ def test_xsa_output_is_orthogonal_to_own_value(trained_runs, val_x):
 @pytest.mark.slow
 def test_cli_writes_every_layer_and_a_plot(trained_runs, data_dir, tmp_path):
     """No --data_dir: each checkpoint is scored on the val shards of the data_dir it was trained on."""
-    proc = run_script(
+    proc = run_in_process(
         ["eval/similarity.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
          "--num_sequences", "6", "--batch_size", "4", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -201,7 +201,7 @@ def other_data_dir(data_dir, tmp_path_factory):
 
 @pytest.mark.slow
 def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, other_data_dir, tmp_path):
-    proc = run_script(
+    proc = run_in_process(
         ["eval/similarity.py", trained_runs["sa"], "--labels", "SA", "--data_dir", other_data_dir,
          "--num_sequences", "4", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -307,7 +307,7 @@ def test_scripts_exit_with_one_line_naming_the_checkpoint(trained_runs, bad_chec
     path, reason = bad_checkpoints[case]
     # after a good checkpoint for the scripts that take several: a bad one is named, whichever it is
     checkpoints = [path] if script == "sample.py" else [trained_runs["xsa"], path]
-    proc = run_script([f"eval/{script}", *checkpoints, "--device", "cpu"]
+    proc = run_in_process([f"eval/{script}", *checkpoints, "--device", "cpu"]
                       + ([] if script == "sample.py" else ["--num_sequences", "2", "--out", tmp_path]))
     assert proc.returncode == 3
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr  # one line, no traceback
@@ -351,7 +351,7 @@ def test_an_out_that_cannot_be_written_is_named_in_one_line(trained_runs, tmp_pa
     else:
         out = request.getfixturevalue("read_only_dir")
     args = [trained_runs["sa"]] if script == "compare.py" else [trained_runs["sa"], "--device", "cpu"]
-    proc = run_script([f"eval/{script}", *args, "--out", out])
+    proc = run_in_process([f"eval/{script}", *args, "--out", out])
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr  # one line, before any work
     if case == "a file":

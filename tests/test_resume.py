@@ -416,11 +416,19 @@ def long_run(data_dir, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def long_run_on_two(data_dir, tmp_path_factory):
+    """LONG on two processes, which draw other dropout masks than one."""
+    out = str(tmp_path_factory.mktemp("long_two"))
+    run_train(micro_args(data_dir, out, **LONG), nproc=2)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum,status,nproc", [(signal.SIGTERM, 143, 1), (signal.SIGINT, 130, 1),
                                                  (signal.SIGTERM, 143, 2)])
 def test_a_signal_ends_the_step_writes_a_checkpoint_and_the_resume_continues_exactly(
-        data_dir, tmp_path, long_run, signum, status, nproc):
+        data_dir, tmp_path, long_run, long_run_on_two, signum, status, nproc):
     """SIGTERM (Slurm's preemption and time limit) and SIGINT (Ctrl-C): the run finishes its step,
     checkpoints it and exits 143 or 130. Under torchrun the signal goes to the launcher, which forwards it;
     torchrun's own status is 1, the run's is in TRAIN_EXIT_STATUS_FILE."""
@@ -439,11 +447,7 @@ def test_a_signal_ends_the_step_writes_a_checkpoint_and_the_resume_continues_exa
     assert [s for s, _ in losses(out)][-1] == stopped_at
     resumed = run_train(micro_args(data_dir, out, init_from="resume", **LONG), nproc=nproc)
     assert f"at step {stopped_at}" in resumed.stdout
-    reference = long_run
-    if nproc > 1:  # two processes draw other dropout masks than one: the reference runs on two as well
-        reference = str(tmp_path / "uninterrupted")
-        run_train(micro_args(data_dir, reference, **LONG), nproc=nproc)
-    assert losses(out) == losses(reference)
+    assert losses(out) == losses(long_run if nproc == 1 else long_run_on_two)
 
 
 @pytest.mark.slow
@@ -585,3 +589,86 @@ def test_a_spike_on_the_last_step_is_not_a_finished_run(data_dir, tmp_path):
     assert proc.returncode == 3 and "the last step's train loss spiked" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert [os.path.basename(p) for p in list_checkpoints(out)][-1] == "ckpt_0000008.pt"
+
+
+def rank_processes(out_dir):
+    """{rank: PID} of the torchrun workers training into out_dir (not torchrun itself)."""
+    ranks = {}
+    for pid in training_processes(out_dir):
+        try:
+            environ = dict(v.split(b"=", 1) for v in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        if b"LOCAL_RANK" in environ:
+            ranks[int(environ[b"RANK"])] = pid
+    return ranks
+
+
+@pytest.mark.slow
+def test_a_signal_that_reaches_one_rank_stops_every_rank_after_one_checkpoint_with_one_status(
+        data_dir, tmp_path, long_run_on_two):
+    """SIGTERM to rank 1 alone (a node's agent, a kill by hand): both ranks stop after the same step, write
+    one checkpoint, and exit 143 without a traceback (rank 0 got no signal, yet takes the agreed status);
+    the resume equals the uninterrupted run."""
+    out, status_file = str(tmp_path / "run"), str(tmp_path / "exit_status")
+    proc = start_train(micro_args(data_dir, out, **LONG), nproc=2, env={"TRAIN_EXIT_STATUS_FILE": status_file})
+    wait_for_steps(out, proc, 3)
+    ranks = rank_processes(out)
+    assert sorted(ranks) == [0, 1]
+    os.kill(ranks[1], signal.SIGTERM)
+    stdout, stderr = proc.communicate()
+    assert open(status_file).read() == "143\n", stderr[-3000:]
+    ranks_stderr = stderr.split("Traceback (most recent call last):\n  File \"<frozen runpy>\"")[0]  # torchrun's own aside
+    assert 'train.py", line' not in ranks_stderr and "Connection closed" not in ranks_stderr, stderr[-5000:]
+    assert stderr.count("exitcode  : 143") == 2  # torchrun's report: both ranks chose 143
+    stopped_at = int(re.search(r"stopped by SIGTERM after step (\d+)", stdout).group(1))
+    assert [os.path.basename(p) for p in list_checkpoints(out)] == [f"ckpt_{stopped_at:07d}.pt"]
+    run_train(micro_args(data_dir, out, init_from="resume", **LONG), nproc=2)
+    assert losses(out) == losses(long_run_on_two)
+
+
+@pytest.mark.parametrize("name", ["lr[3e-3]", "run *?", "seed 1 [a-z]"])
+def test_an_out_dir_with_glob_characters_and_spaces_resumes(data_dir, tmp_path, uninterrupted, name):
+    """Sweeps name runs after their settings; glob must not read the name as a pattern (it once made the
+    resume find no checkpoint and train from scratch)."""
+    out = str(tmp_path / name)
+    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
+    os.makedirs(os.path.join(out, "ckpt_0000008.tmp"))  # debris of a killed save, cleaned at the start
+    proc = run_train(micro_args(data_dir, out, init_from="resume", **RESUME))
+    assert "at step 4" in proc.stdout
+    assert losses(out) == losses(uninterrupted["sa"])
+    assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004.pt", "ckpt_0000008.pt"]
+    assert not os.path.exists(os.path.join(out, "ckpt_0000008.tmp"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_an_out_dir_that_cannot_be_written_stops_every_rank_in_one_line(data_dir, tmp_path, nproc):
+    """A path under a file (or a read-only mount) fails on rank 0, where the lock is taken; the other ranks
+    must not wait for it in a collective: all stop with exit 3."""
+    (tmp_path / "notes").write_text("a file")
+    out, status_file = str(tmp_path / "notes" / "run"), tmp_path / "exit_status"
+    proc = run_train(micro_args(data_dir, out), nproc=nproc, check=False, env={"TRAIN_EXIT_STATUS_FILE": str(status_file)})
+    message = f"cannot write in out_dir {out} (NotADirectoryError"
+    assert message in proc.stderr and 'train.py", line' not in proc.stderr  # torchrun's own report aside
+    if nproc == 1:
+        assert proc.returncode == 3
+    else:
+        assert status_file.read_text() == "3\n" and proc.stderr.count(message) == 2  # every rank, alike
+
+
+def test_a_checkpoint_from_before_the_decay_key_resumes(data_dir, tmp_path, uninterrupted):
+    """Checkpoints written before param groups said whether they decay: the groups are matched in order
+    (decayed matrices first, as they always were), and the resume equals the uninterrupted run."""
+    out = str(tmp_path / "run")
+    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "checkpoint_interval": 4}))
+    path = list_checkpoints(out)[-1]
+    state = torch.load(path, weights_only=True)
+    for name in ("checksums", "state_checksum"):
+        state.pop(name)
+    for group in state["optimizer"]["param_groups"]:
+        group.pop("decay")
+    os.remove(path)
+    save_checkpoint(state, out, 4)
+    run_train(micro_args(data_dir, out, init_from="resume", **RESUME))
+    assert losses(out) == losses(uninterrupted["sa"])

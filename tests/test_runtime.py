@@ -2,12 +2,15 @@
 
 import ctypes
 import mmap
+import os
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 import runtime
+from conftest import REPO, run_script
 from runtime import DeviceError, pick_device, setup_runtime
 
 
@@ -90,3 +93,27 @@ def test_on_the_cpu_large_tensors_reuse_mallocs_heap_instead_of_fresh_mmaps():
     block = torch.ones(100_000_000, dtype=torch.uint8)  # far above the 32 MiB that malloc's mmap threshold reaches by default
     assert mallinfo2().hblkhd - before < 1_000_000 and mallinfo2().arena >= 100_000_000
     del block
+
+
+def test_provenance_reads_a_checkout_that_another_user_owns(tmp_path):
+    """A shared cluster directory or a container's mount: git refuses such a checkout ("dubious
+    ownership") unless trusted; runtime trusts the one it runs from, for the commit and dirty flag."""
+    import shutil
+    import subprocess
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("giving the checkout to another user needs root")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", REPO, str(clone)], check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+    for root, dirs, files in os.walk(clone):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), 65534, 65534)  # nobody
+    os.lchown(clone, 65534, 65534)
+    no_trust = tmp_path / "gitconfig"
+    no_trust.write_text("")  # not the tests' trusting config: the user's situation
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": str(no_trust)}
+    refused = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True, env=env)
+    assert "dubious ownership" in refused.stderr  # the situation is real
+    result = run_script([sys.executable, "-c", "import runtime; print(runtime.git_state())"], cwd=clone, env=env)
+    assert result.stdout.strip() == repr((head, False)), result.stderr
+    shutil.rmtree(clone, ignore_errors=True)

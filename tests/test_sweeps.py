@@ -3,6 +3,7 @@ sweep interrupted, rerun and extended: the finished run skipped untouched, the o
 
 import hashlib
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -385,3 +386,21 @@ def test_sweeps_resolve_a_runs_config_as_train_py_does():
     config, _ = resolve([os.path.join(REPO, a) if a.startswith("config/") else a for a in argv])
     assert proc.stdout.split() == [str(getattr(config, k)) for k in keys] + [variant_name(config)]
     assert proc.stdout.split()[-1] == "xsa_gate" and float(proc.stdout.split()[-2]) == 2e-5  # min_lr derived
+
+
+def test_a_run_that_fails_for_good_is_reported_and_skipped_by_the_rerun(tmp_path):
+    """Exit 3 (here: no data) would fail again as it is: the sweep says so per run and goes on with the
+    others; its rerun skips them rather than spend a launch on each, until their exit_status is removed."""
+    out_root = str(tmp_path / "out")
+    micro = [a for a in micro_args(str(tmp_path / "no_data"), "unused", max_iters=2)
+             if not a.startswith(("--out_dir=", "--learning_rate="))]
+    proc = run_sweep("sweep_lr.sh", *micro, check=False, OUT_ROOT=out_root, SIZE="tiny", LRS="1e-3")
+    assert proc.returncode == 1
+    for name in ("sa_tiny_lr1e-3", "xsa_tiny_lr1e-3"):  # the second ran although the first failed
+        assert f"# {name}: FAILED (exit status 3: a bad config, or a stop that a relaunch cannot fix" in proc.stdout
+    assert "2 started, 0 skipped as finished, 2 failed" in proc.stdout
+    again = run_sweep("sweep_lr.sh", *micro, check=False, OUT_ROOT=out_root, SIZE="tiny", LRS="1e-3")
+    assert again.returncode == 1 and "0 started" in again.stdout and not re.search(r"^\+ ", again.stdout, re.M)
+    status_file = os.path.join(out_root, "sweep_lr", "sa_tiny_lr1e-3", "exit_status")
+    assert f"# sa_tiny_lr1e-3: skip (its last launch stopped with exit status 3" in again.stdout
+    assert f"delete {status_file} to run it again" in again.stdout
