@@ -227,10 +227,6 @@ class MuonAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self.muon.step()
+        loss = self.muon.step(closure)  # the closure, if any, runs once, there
         self.adamw.step()
         return loss

@@ -196,6 +196,16 @@ def run_in_process(cmd, env=None, cwd=REPO):
     return Result(args, status, out.getvalue(), err.getvalue())
 
 
+def run_eval(script, *args, out):
+    """eval/<script> (in this process) writing to out: its Result, and the JSON report it wrote there
+    (<script's name>.json). A failed run fails the test, with what it printed."""
+    import json
+    result = run_in_process([f"eval/{script}", *args, "--out", out])
+    assert result.status == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(os.path.join(out, script.replace(".py", ".json"))) as f:
+        return result, json.load(f)
+
+
 def run_train(args, nproc=1, check=True, env=None):
     """Run train.py from the repo root, in this process (one process: the training is the same, and a
     test spends its time training rather than starting Python), or under torchrun with nproc processes;

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import MICRO, micro_args, run_in_process, run_train
+from conftest import MICRO, micro_args, run_eval, run_in_process, run_train
 from dataloader import val_sequences
 from eval.common import load_model
 from eval.position_loss import bucket_losses, position_losses
@@ -64,12 +64,8 @@ def test_buckets_partition_the_positions():
 @pytest.mark.slow
 def test_cli_writes_tables_and_plot(trained_runs, data_dir, tmp_path):
     """No --data_dir: the models are scored on the val shards of the data_dir they were trained on."""
-    proc = run_in_process(
-        ["eval/position_loss.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
-         "--num_sequences", "8", "--buckets", "4", "--device", "cpu", "--out", tmp_path])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with open(tmp_path / "position_loss.json") as f:
-        report = json.load(f)
+    proc, report = run_eval("position_loss.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
+                            "--num_sequences", "8", "--buckets", "4", "--device", "cpu", out=tmp_path)
     with open(os.path.join(trained_runs["sa"], "config.json")) as f:
         trained_on = json.load(f)["config"]["data_dir"]  # the session's shards (a parallel worker's copy of them)
     assert report["num_sequences"] == 8 and report["data_dir"] == trained_on

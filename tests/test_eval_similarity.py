@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from checkpoint import save_sharded_checkpoint
 from checkpointer import list_checkpoints
-from conftest import HANG_GUARD_S, MICRO, REPO, run_in_process
+from conftest import HANG_GUARD_S, MICRO, REPO, run_eval, run_in_process
 from eval.common import load_model
 from dataloader import val_sequences
 from eval import common
@@ -166,12 +166,8 @@ def test_xsa_output_is_orthogonal_to_own_value(trained_runs, val_x):
 @pytest.mark.slow
 def test_cli_writes_every_layer_and_a_plot(trained_runs, data_dir, tmp_path):
     """No --data_dir: each checkpoint is scored on the val shards of the data_dir it was trained on."""
-    proc = run_in_process(
-        ["eval/similarity.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
-         "--num_sequences", "6", "--batch_size", "4", "--device", "cpu", "--out", tmp_path])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with open(tmp_path / "similarity.json") as f:
-        report = json.load(f)
+    proc, report = run_eval("similarity.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
+                            "--num_sequences", "6", "--batch_size", "4", "--device", "cpu", out=tmp_path)
     n_layer = MICRO["n_layer"]
     x, _ = val_sequences(data_dir, MICRO["block_size"], 6 * MICRO["block_size"])
     for label, attn_type in (("SA", "sa"), ("XSA", "xsa")):

@@ -85,29 +85,16 @@ def test_write_leaves_no_temp_file(tmp_path):
     assert os.listdir(tmp_path) == ["s.bin"]
 
 
-def test_failed_rename_keeps_the_old_shard_and_no_temp_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("call,error", [("replace", "disk full"), ("fsync", "I/O error")])
+def test_a_failed_write_or_rename_keeps_the_old_shard_and_no_temp_file(tmp_path, monkeypatch, call, error):
     path = str(tmp_path / "s.bin")
     write_shard(path, np.arange(5, dtype=np.uint16))
     before = open(path, "rb").read()
 
-    def failing_replace(src, dst):
-        raise OSError("disk full")
-    monkeypatch.setattr(shards.os, "replace", failing_replace)
-    with pytest.raises(OSError, match="disk full"):
-        write_shard(path, np.arange(50, dtype=np.uint16))
-    assert open(path, "rb").read() == before
-    assert os.listdir(tmp_path) == ["s.bin"]
-
-
-def test_failed_write_keeps_the_old_shard_and_no_temp_file(tmp_path, monkeypatch):
-    path = str(tmp_path / "s.bin")
-    write_shard(path, np.arange(5, dtype=np.uint16))
-    before = open(path, "rb").read()
-
-    def failing_fsync(fd):
-        raise OSError("I/O error")
-    monkeypatch.setattr(shards.os, "fsync", failing_fsync)
-    with pytest.raises(OSError, match="I/O error"):
+    def failing(*args):
+        raise OSError(error)
+    monkeypatch.setattr(shards.os, call, failing)
+    with pytest.raises(OSError, match=error):
         write_shard(path, np.arange(50, dtype=np.uint16))
     assert open(path, "rb").read() == before
     assert os.listdir(tmp_path) == ["s.bin"]
