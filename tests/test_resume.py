@@ -658,7 +658,8 @@ def test_an_out_dir_that_cannot_be_written_stops_every_rank_in_one_line(data_dir
 
 
 def test_a_checkpoint_from_before_the_decay_key_resumes(data_dir, tmp_path, uninterrupted):
-    """Checkpoints written before param groups said whether they decay: the groups are matched in order
+    """Checkpoints written before param groups said whether they decay (and, before Muon, which algorithm
+    and learning-rate scale they take): the groups are matched in order
     (decayed matrices first, as they always were), and the resume equals the uninterrupted run."""
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "checkpoint_interval": 4}))
@@ -667,7 +668,8 @@ def test_a_checkpoint_from_before_the_decay_key_resumes(data_dir, tmp_path, unin
     for name in ("checksums", "state_checksum"):
         state.pop(name)
     for group in state["optimizer"]["param_groups"]:
-        group.pop("decay")
+        for added_later in ("decay", "algorithm", "lr_scale"):
+            group.pop(added_later)
     os.remove(path)
     save_checkpoint(state, out, 4)
     run_train(micro_args(data_dir, out, init_from="resume", **RESUME))
