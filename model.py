@@ -186,10 +186,38 @@ def rope_tables(seq_len, head_dim, theta, device=None):
 
 
 def apply_rope(x, cos, sin):
-    """x: (B, n_head, T, head_dim); cos, sin: (T, head_dim // 2)."""
+    """x: (B, n_head, T, head_dim); cos, sin: (T, head_dim // 2), or (B, 1, T, head_dim // 2) where each
+    sequence has positions of its own (padding)."""
     x1, x2 = x.float().chunk(2, dim=-1)
     rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return rotated.type_as(x)
+
+
+# -----------------------------------------------------------------------------
+# The KV cache of generation
+
+class KVCache:
+    """The keys and values of the positions seen so far, one pair per block: a new token attends to them
+    instead of the whole prefix being computed again, so a generated token costs O(T), not a forward over
+    T. The methods are those of transformers' Cache (update, get_seq_length), so the Hugging Face wrapper
+    (scripts/export_hf.py) passes its own cache in this one's place."""
+
+    def __init__(self):
+        self.keys, self.values = [], []
+
+    def get_seq_length(self, layer_idx=0):
+        """Positions cached so far, the sinks included."""
+        return self.keys[layer_idx].size(2) if len(self.keys) > layer_idx else 0
+
+    def update(self, k, v, layer_idx):
+        """Append the new positions' k, v (B, n_kv_head, T, head_dim) of block layer_idx; returns all of them."""
+        if layer_idx == len(self.keys):
+            self.keys.append(k)
+            self.values.append(v)
+        else:
+            self.keys[layer_idx] = torch.cat((self.keys[layer_idx], k), dim=2)
+            self.values[layer_idx] = torch.cat((self.values[layer_idx], v), dim=2)
+        return self.keys[layer_idx], self.values[layer_idx]
 
 
 # -----------------------------------------------------------------------------
@@ -197,8 +225,9 @@ def apply_rope(x, cos, sin):
 
 class CausalSelfAttention(nn.Module):
 
-    def __init__(self, config, xsa=False):
+    def __init__(self, config, xsa=False, layer_idx=0):
         super().__init__()
+        self.layer_idx = layer_idx  # this block's place in a KVCache
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         attn_width = config.n_head * config.head_dim  # may differ from n_embd (paper, Table 1)
         kv_width = config.n_kv_head * config.head_dim
@@ -230,12 +259,16 @@ class CausalSelfAttention(nn.Module):
         gate = torch.tanh(self.xsa_alpha).view(1, -1, 1, 1).to(y.dtype)
         return y + gate * (z - y)  # = y - tanh(alpha) * proj
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, mask=None, cache=None):
+        """mask: None for causal attention over x alone (nothing cached); else which keys each query sees,
+        (B or 1, 1, T, cached + T) booleans. cache: the earlier positions' keys and values, extended here."""
         B, T, _ = x.size()
         q, k, v = self.project_qkv(x, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_head != self.n_head,
+        keys, values = (k, v) if cache is None else cache.update(k, v, self.layer_idx)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
+                                           enable_gqa=self.n_kv_head != self.n_head,
                                            dropout_p=self.dropout if self.training else 0.0)
-        if self.attn_type == "xsa":
+        if self.attn_type == "xsa":  # the projection on each query's own value: the new positions' v
             y = self.exclude_self(y, v)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
         return self.resid_dropout(self.c_proj(y))
@@ -256,15 +289,15 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
 
-    def __init__(self, config, xsa=False):
+    def __init__(self, config, xsa=False, layer_idx=0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config, xsa)
+        self.attn = CausalSelfAttention(config, xsa, layer_idx)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.ln_1(x), cos, sin)
+    def forward(self, x, cos, sin, mask=None, cache=None):
+        x = x + self.attn(self.ln_1(x), cos, sin, mask, cache)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -281,12 +314,14 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             ln_emb=nn.LayerNorm(config.n_embd, bias=config.bias),  # the paper's extra LayerNorm
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config, xsa=i in config.xsa_blocks()) for i in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, xsa=i in config.xsa_blocks(), layer_idx=i) for i in range(config.n_layer)]),
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.sinks = nn.Parameter(torch.empty(config.n_sinks, config.n_embd)) if config.n_sinks else None
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied input/output embeddings
+        # the longest sequence forward takes: block_size, unless extend_context says otherwise (evaluation)
+        self.context = config.block_size
         # RoPE tables are derived, not learned: kept out of the state dict
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
@@ -294,9 +329,7 @@ class GPT(nn.Module):
 
     def init_weights(self):
         """nanoGPT init: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer)."""
-        cos, sin = rope_tables(self.config.n_sinks + self.config.block_size, self.config.head_dim,
-                               self.config.rope_theta, device=self.lm_head.weight.device)
-        self.rope_cos, self.rope_sin = cos, sin
+        self.set_rope_tables()
         # sinks drawn last, so that n_sinks does not change any other weight's initialisation
         params = sorted(self.named_parameters(), key=lambda item: item[0] == "sinks")
         for name, p in params:
@@ -324,20 +357,65 @@ class GPT(nn.Module):
         n_matmul = self.num_params(non_embedding=True) + self.lm_head.weight.numel()
         return 6 * n_matmul + 12 * c.n_layer * c.n_head * c.head_dim * (seq_len + c.n_sinks)
 
-    def forward(self, idx, targets=None):
-        """idx, targets: (B, T) token ids; targets of -1 are ignored. Returns (logits, loss)."""
+    def set_rope_tables(self):
+        """The RoPE tables of every position forward may see: the sinks', then context tokens'."""
+        self.rope_cos, self.rope_sin = rope_tables(self.config.n_sinks + self.context, self.config.head_dim,
+                                                   self.config.rope_theta, device=self.lm_head.weight.device)
+
+    def extend_context(self, length):
+        """Take sequences of up to `length` tokens, past block_size: RoPE has no learned positions, so its
+        tables just extend. For evaluation and generation past the training context, which ask for it
+        explicitly (training never does: forward refuses longer sequences)."""
+        if length > self.context:
+            self.context = length
+            self.set_rope_tables()
+
+    def positions(self, past, new, attention_mask):
+        """(cos, sin, mask) of the `new` positions that follow `past` cached ones (sinks included): without
+        an attention mask every sequence has the same positions, and the mask is None (causal attention
+        over the new positions alone, SDPA's is_causal) when nothing is cached; with one, each sequence
+        counts its own tokens (left padding), no query sees a padded key, and a padded query sees itself
+        alone (its output is never used)."""
+        S = self.config.n_sinks
+        if attention_mask is None:
+            cos, sin = self.rope_cos[past:past + new], self.rope_sin[past:past + new]
+            if past == 0:
+                return cos, sin, None
+            keys = torch.arange(past + new, device=cos.device)
+            return cos, sin, (keys <= keys[past:, None]).view(1, 1, new, past + new)
+        tokens = attention_mask.bool()  # (B, tokens cached + new)
+        B = tokens.size(0)
+        sinks = torch.ones(B, S, dtype=torch.bool, device=tokens.device)
+        valid = torch.cat((sinks, tokens), dim=1)  # (B, past + new): which keys are real
+        token_positions = S + (tokens.long().cumsum(dim=1) - 1).clamp_min(0)
+        all_positions = torch.cat((torch.arange(S, device=tokens.device).expand(B, S), token_positions), dim=1)
+        positions = all_positions[:, past:]  # (B, new)
+        cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
+        keys = torch.arange(past + new, device=tokens.device)
+        queries = keys[past:, None]
+        mask = ((keys <= queries) & valid[:, None, :]) | (keys == queries)  # (B, new, past + new)
+        return cos, sin, mask.unsqueeze(1)
+
+    def forward(self, idx, targets=None, cache=None, attention_mask=None):
+        """idx, targets: (B, T) token ids; targets of -1 are ignored. Returns (logits, loss).
+        cache: a KVCache (or transformers' Cache) of the positions idx continues, extended by this call;
+        the sinks enter it once, on the first call. attention_mask: (B, cached tokens + T), 1 for tokens and
+        0 for padding (left padding, for prompts of different lengths): padding is never attended to, and
+        each sequence's positions count its tokens alone."""
         B, T = idx.size()
         S = self.config.n_sinks
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of length {T} exceeds block_size {self.config.block_size}")
+        past = cache.get_seq_length() if cache is not None else 0
+        sinks = S if past == 0 else 0  # the sinks enter a cache once, on its first call
+        if past + sinks - S + T > self.context:
+            raise ValueError(f"sequence of length {past + sinks - S + T} exceeds block_size {self.context}")
         x = self.transformer.wte(idx)
-        if S:
+        if sinks:
             x = torch.cat((self.sinks.to(x.dtype).expand(B, -1, -1), x), dim=1)
         x = self.transformer.drop(self.transformer.ln_emb(x))
-        cos, sin = self.rope_cos[:S + T], self.rope_sin[:S + T]
+        cos, sin, mask = self.positions(past, sinks + T, attention_mask)
         for block in self.transformer.h:
-            x = block(x, cos, sin)
-        x = self.transformer.ln_f(x[:, S:])  # sink outputs never reach the loss
+            x = block(x, cos, sin, mask, cache)
+        x = self.transformer.ln_f(x[:, sinks:])  # sink outputs never reach the loss
         logits = self.lm_head(x)
         loss = None
         if targets is not None:
@@ -345,12 +423,14 @@ class GPT(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
-        """Sample max_new_tokens continuations of idx (B, T); temperature 0 is greedy."""
-        for _ in range(max_new_tokens):
-            idx_cond = idx[:, -self.config.block_size:]
-            logits, _ = self(idx_cond)
-            logits = logits[:, -1, :]
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, use_cache=True):
+        """Sample max_new_tokens continuations of idx (B, T); temperature 0 is greedy. With use_cache, a
+        KVCache holds the keys and values of the tokens so far, so each new token costs one position's
+        forward; a sequence longer than the context is cut to its last `context` tokens, and the cache
+        filled again from them, as the full forward over that window would see them."""
+        cache = KVCache() if use_cache else None
+        logits = self(idx[:, -self.context:], cache=cache)[0][:, -1, :]
+        for step in range(max_new_tokens):
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)
             else:
@@ -360,4 +440,11 @@ class GPT(nn.Module):
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
             idx = torch.cat((idx, next_id), dim=1)
+            if step == max_new_tokens - 1:
+                break
+            if use_cache and idx.size(1) <= self.context:
+                logits = self(next_id, cache=cache)[0][:, -1, :]
+            else:  # past the context (or no cache): the last `context` tokens, from scratch
+                cache = KVCache() if use_cache else None
+                logits = self(idx[:, -self.context:], cache=cache)[0][:, -1, :]
         return idx
