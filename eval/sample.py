@@ -3,10 +3,14 @@ Sample text from a checkpoint (a file, or a run directory: its newest checkpoint
 
     python eval/sample.py out/xsa_0p7b --start "The meaning of life is" --num_samples 3
     python eval/sample.py out/xsa_0p7b --start FILE:prompt.txt --temperature 0   # greedy
+
+Decoding keeps the keys and values of the tokens so far (model.KVCache): a new token costs one
+position's forward, not one over the whole sequence. Each sample's line reports its tokens per second.
 """
 
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -48,12 +52,17 @@ def main():
     print(f"{args.checkpoint}: attn_type={config['attn_type']}, "
           f"{model.num_params() / 1e6:.2f}M non-embedding parameters")
     for _ in range(args.num_samples):
+        started = time.perf_counter()
         with autocast(device.split(":")[0], dtype):
             out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
         # ids of the vocabulary padding (50257..50303) are no text; a trained model all but never samples them
         tokens = [t for t in out[0, len(prompt):].tolist() if t < enc.n_vocab]
         print(start + enc.decode(tokens))
-        print("-" * 80)
+        print(f"-- {args.max_new_tokens} tokens in {seconds:.2f} s: {args.max_new_tokens / seconds:,.1f} tokens/s "
+              f"(prompt {len(prompt)} tokens, KV cache) " + "-" * 20)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 
 import numpy as np
@@ -23,6 +24,9 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 # the scripts the tests start run "python", "torchrun" and "hf": those of the interpreter running pytest
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 os.environ.setdefault("PYTHON", sys.executable)
+# transformers copies the code of exported models (scripts/export_hf.py) into a module cache: one per
+# test process, so that parallel workers never import each other's half-written copies
+os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf_modules_")
 # the tests' git calls (a clone of the checkout, its file list) work in a checkout another user owns
 os.environ["GIT_CONFIG_GLOBAL"] = os.path.join(REPO, "tests", "fixtures", "trust_any_checkout.gitconfig")
 # Tests started in the background (nohup, `&` in a script) inherit SIGINT ignored, and so would the scripts

@@ -419,3 +419,38 @@ def test_an_unknown_task_is_refused_before_any_model_loads(trained_runs, fixture
     assert proc.returncode == 2 and "evaluating" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].endswith(
         f"error: unknown task hellaswa: --include_path {fixture_tasks} does not define it; close: hellaswag")
+
+
+# -----------------------------------------------------------------------------
+# lm-eval's own hf backend on the Hugging Face export (scripts/export_hf.py)
+
+@pytest.fixture(scope="module")
+def exported_sa(trained_runs, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("export") / "hf_sa"
+    result = run_in_process(["scripts/export_hf.py", trained_runs["sa"], folder])
+    assert result.status == 0, result.stderr[-3000:]
+    return str(folder)
+
+
+@pytest.mark.slow
+def test_lm_evals_hf_backend_on_the_export_scores_as_the_adapter_on_the_checkpoint(
+        exported_sa, sa_model, requests_and_expected, fixture_tasks, downstream_report):
+    """The same log-likelihoods request by request (within and past the 32-token window, and the greedy
+    flag), and the same accuracy on the eight fixture tasks, as eval/downstream.py on the checkpoint."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+    hf = HFLM(pretrained=exported_sa, trust_remote_code=True, device="cpu", dtype="float32", batch_size=4)
+    assert hf.max_length == sa_model.config.block_size  # from the export's config
+    requests, expected = requests_and_expected
+    ours = make_adapter_class()(sa_model, "cpu", "float32", batch_size=4)._loglikelihood_tokens(requests)
+    theirs = hf._loglikelihood_tokens(requests)
+    for (logprob, greedy), (want, want_greedy), (brute, _) in zip(theirs, ours, expected):
+        assert logprob == pytest.approx(want, rel=1e-4, abs=1e-4) and logprob == pytest.approx(brute, rel=1e-4, abs=1e-4)
+        assert greedy == want_greedy
+    results = simple_evaluate(model=hf, tasks=list(TASKS), task_manager=TaskManager(include_path=fixture_tasks,
+                                                                                     include_defaults=False),
+                              bootstrap_iters=0)["results"]
+    report, _, _ = downstream_report
+    for task, (column, metric) in TASKS.items():
+        assert 100 * results[task][f"{metric},none"] == pytest.approx(report["table"]["SA"][column], abs=1e-9), task

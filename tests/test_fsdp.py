@@ -169,6 +169,24 @@ def test_single_file_checkpoint_resumes_in_two_process_fsdp(data_dir, tmp_path, 
 
 
 @pytest.mark.slow
+def test_an_fsdp_checkpoint_exports_as_its_single_file_equivalent(fsdp_runs, tmp_path):
+    """scripts/export_hf.py reads a DCP directory in one process: the folder is byte for byte the one
+    exported from the same weights in a single-file checkpoint."""
+    from checkpoint import save_checkpoint
+    from conftest import run_in_process
+    sharded = os.path.join(fsdp_runs["xsa"], "ckpt_0000006")
+    model, config = load_model(sharded)
+    single = save_checkpoint({"model": model.state_dict(), "config": config, "step": 6}, str(tmp_path / "single"), 6)
+    folders = {}
+    for name, path in (("sharded", sharded), ("single", single)):
+        folders[name] = tmp_path / f"hf_{name}"
+        result = run_in_process(["scripts/export_hf.py", path, folders[name]])
+        assert result.status == 0, result.stderr[-3000:]
+    contents = {name: {f: (folder / f).read_bytes() for f in sorted(os.listdir(folder))} for name, folder in folders.items()}
+    assert contents["sharded"] == contents["single"] and "model.safetensors" in contents["single"]
+
+
+@pytest.mark.slow
 def test_sharded_checkpoint_loads_for_evaluation(data_dir, fsdp_runs):
     """eval/*.py's load_model, in one process without a process group: the run's last val loss."""
     model, config = load_model(fsdp_runs["sa"])
