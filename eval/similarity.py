@@ -78,7 +78,7 @@ def similarity_stats(model, x, dtype="float32"):
 
     def capture(i):
         def hook(attn, inputs):
-            layer_input, cos, sin = inputs  # CausalSelfAttention.forward(x, cos, sin)
+            layer_input, cos, sin = inputs[:3]  # CausalSelfAttention.forward(x, cos, sin, mask=None, cache=None)
             with torch.autocast(device_type=layer_input.device.type, enabled=False):
                 sums[i] = layer_stats(attn, layer_input, cos, sin, model.config.n_sinks)
         return hook
