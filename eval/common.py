@@ -230,12 +230,14 @@ def load(path, device):
     cannot_load(path, f"{type(error).__name__}: {reason}" if reason else type(error).__name__)
 
 
-def check_block_size(block_size, config, path, source="--block_size"):
-    """Exit in one line if sequences of block_size tokens do not fit the model of checkpoint path;
-    source: where block_size came from, to say what to change."""
-    if block_size > config["block_size"]:
+def check_block_size(block_size, config, path, source="--block_size", extend=None):
+    """Exit in one line if sequences of block_size tokens do not fit the model of checkpoint path; source:
+    where block_size came from, to say what to change. extend: None where the script cannot score past the
+    training length, else whether it was asked to (--extend_context)."""
+    if block_size > config["block_size"] and not extend:
         fail(f"{source} {block_size} is longer than the context of {path} ({config['block_size']} tokens); "
-             f"use --block_size {config['block_size']} or less")
+             f"use --block_size {config['block_size']} or less" + (", or --extend_context to score past it"
+                                                                     if extend is not None else ""))
 
 
 def validation_sequences(args, config, block_size, num_sequences):

@@ -6,6 +6,13 @@ of the fixed validation tokens, so each position is scored equally often.
 
     python eval/position_loss.py out/sa_0p7b out/xsa_0p7b    # val shards: the first checkpoint's data_dir
     python eval/position_loss.py out/sa_0p7b out/xsa_0p7b --data_dir data/fineweb/fineweb100B
+    python eval/position_loss.py out/sa_tiny out/xsa_tiny --block_size 4x    # past the training context
+
+Past the training context: RoPE has no learned positions, so a model runs on longer sequences once its
+tables extend (model.GPT.extend_context). `--block_size 4x` scores 4 times the first model's training length;
+a length in tokens beyond it needs --extend_context. The buckets then split at the training length, and
+the report gives each model's mean loss inside and beyond the trained range, and the difference of the
+second model from the first in both: does XSA extrapolate better than SA?
 """
 
 import json
@@ -35,12 +42,29 @@ def position_losses(model, x, y, batch_size=16, dtype="float32", quiet=True, des
     return total / len(x)
 
 
-def bucket_losses(per_position, n_buckets):
+def bucket_losses(per_position, n_buckets, boundary=None):
     """Mean loss over n_buckets contiguous, near-equal ranges of positions that together cover
-    every position once: [{"start", "end" (exclusive), "loss"}]."""
-    positions = torch.arange(len(per_position))
+    every position once: [{"start", "end" (exclusive), "loss"}]. With a boundary (the training length,
+    when scoring past it), no range straddles it: the buckets are shared out in proportion."""
+    T = len(per_position)
+    if boundary is not None and 0 < boundary < T:
+        inside = max(1, min(n_buckets - 1, round(n_buckets * boundary / T)))
+        beyond = bucket_losses(per_position[boundary:], n_buckets - inside)
+        return bucket_losses(per_position[:boundary], inside) + [
+            {**b, "start": b["start"] + boundary, "end": b["end"] + boundary} for b in beyond]
+    positions = torch.arange(T)
     return [{"start": int(p[0]), "end": int(p[-1]) + 1, "loss": per_position[p].mean().item()}
-            for p in torch.tensor_split(positions, min(n_buckets, len(per_position)))]
+            for p in torch.tensor_split(positions, min(n_buckets, T))]
+
+
+def sequence_length(text):
+    """argparse type of --block_size: tokens (512), or a multiple of each model's training length (4x)."""
+    if text.endswith("x"):
+        factor = float(text[:-1])
+        if not factor > 0:
+            raise ValueError(text)
+        return ("x", factor)
+    return ("tokens", common.positive_int(text))
 
 
 def format_table(results):
@@ -58,6 +82,11 @@ def format_table(results):
         losses = [results[label]["buckets"][i]["loss"] for label in labels]
         lines.append(row(f"{bucket['start']}-{bucket['end'] - 1}", losses))
     lines.append(row("all (mean)", [results[label]["mean"] for label in labels]))
+    for part in ("inside", "beyond"):  # scored past the training length: each side of it
+        if all(results[label].get(part) is not None for label in labels):
+            trained = results[labels[0]]["trained_block_size"]
+            name = f"{'inside' if part == 'inside' else 'beyond'} the training length ({trained})"
+            lines.append(row(name, [results[label][part] for label in labels]))
     return "\n".join(lines)
 
 
@@ -79,8 +108,12 @@ def plot(results, out):
         axes[0][1].axhline(0, color="gray", lw=0.8)
         axes[0][1].set(xlabel="position in context", ylabel="loss difference",
                        title=f"{labels[1]} - {labels[0]}")
+    trained = results[labels[0]].get("trained_block_size")
     for ax in axes[0]:
         ax.grid(alpha=0.3)
+        if trained and trained < len(results[labels[0]]["per_position"]):
+            ax.axvline(trained - 0.5, color="gray", ls="--", lw=1, label="training length")
+    axes[0][0].legend()
     return common.save_figure(fig, out, "position_loss.png")
 
 
@@ -88,8 +121,11 @@ def main():
     parser = common.make_parser(__doc__, data_dir=True, out="position_loss.json, .md and .png", progress=True)
     parser.add_argument("--num_sequences", type=common.positive_int, default=512,
                         help="validation sequences, capped at what the val shards hold")
-    parser.add_argument("--block_size", type=common.positive_int, default=None,
-                        help="sequence length; default: the first checkpoint's block_size")
+    parser.add_argument("--block_size", type=sequence_length, default=None,
+                        help="sequence length in tokens, or a multiple of the training length (4x: past it); "
+                             "default: the first checkpoint's block_size")
+    parser.add_argument("--extend_context", action="store_true",
+                        help="let --block_size (in tokens) run past a model's training length")
     parser.add_argument("--buckets", type=common.positive_int, default=16, help="number of position ranges")
     parser.add_argument("--batch_size", type=common.positive_int, default=16, help="sequences per forward pass")
     args = parser.parse_args()
@@ -100,20 +136,30 @@ def main():
     results, x, y = {}, None, None
     for label, path in checkpoints.items():
         model, config = common.load(path, device)
+        extend = args.extend_context or bool(args.block_size and args.block_size[0] == "x")
         if x is None:  # the same tokens for every model (the first one's data by default), so the curves compare
-            block_size = args.block_size or config["block_size"]
-            common.check_block_size(block_size, config, path)
+            kind, value = args.block_size or ("tokens", config["block_size"])
+            block_size = round(value * config["block_size"]) if kind == "x" else value
+            common.check_block_size(block_size, config, path, extend=extend)
             data_dir, x, y = common.validation_sequences(args, config, block_size, args.num_sequences)
             x, y = x.to(device), y.to(device)
         else:
-            common.check_block_size(block_size, config, path,
-                                    "--block_size" if args.block_size else "the first checkpoint's block_size")
+            common.check_block_size(block_size, config, path, "--block_size" if args.block_size else
+                                    "the first checkpoint's block_size", extend=extend)
             if not args.data_dir and config["data_dir"] != data_dir:
                 print(f"note: {label} was trained on {config['data_dir']}, scored on {data_dir} as the first model",
                       flush=True)
+        model.extend_context(block_size)
+        trained = config["block_size"]
         per_position = position_losses(model, x, y, args.batch_size, dtype, args.quiet, label).cpu()
-        results[label] = {"checkpoint": path, "attn_type": config["attn_type"],
-                          "mean": per_position.mean().item(), "buckets": bucket_losses(per_position, args.buckets),
+        past = trained < block_size
+        results[label] = {"checkpoint": path, "attn_type": config["attn_type"], "trained_block_size": trained,
+                          "mean": per_position.mean().item(),
+                          "inside": per_position[:trained].mean().item() if past else None,
+                          "beyond": per_position[trained:].mean().item() if past else None,
+                          "buckets": bucket_losses(per_position, args.buckets,
+                                                   results[next(iter(results))]["trained_block_size"]
+                                                   if results else trained),
                           "per_position": per_position.tolist()}
         print(f"{label}: {path}, mean validation loss {results[label]['mean']:.4f} "
               f"over {len(x)} sequences of {x.size(1)} tokens from {data_dir}", flush=True)

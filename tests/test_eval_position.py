@@ -123,5 +123,33 @@ def test_sequences_longer_than_a_models_context_are_refused_in_one_line(trained_
     assert proc.returncode == 3
     assert proc.stderr.strip().splitlines() == [f"{source} is longer than the context of {trained_runs['sa']} "
                                                  f"({MICRO['block_size']} tokens); use --block_size "
-                                                 f"{MICRO['block_size']} or less"], proc.stderr
+                                                 f"{MICRO['block_size']} or less, or --extend_context to score "
+                                                 f"past it"], proc.stderr
     assert not os.path.exists(tmp_path / "out" / "position_loss.json")
+
+
+@pytest.mark.slow
+def test_scoring_past_the_training_length_extends_the_context_and_splits_the_report_there(trained_runs, tmp_path):
+    """--block_size 4x: sequences 4 times the 32 tokens trained on, the RoPE tables extended; per-position
+    losses as the extended model computes them, buckets that never straddle position 32, and each model's
+    mean inside and beyond it."""
+    proc, report = run_eval("position_loss.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
+                            "--block_size", "4x", "--num_sequences", "4", "--buckets", "8", "--device", "cpu",
+                            out=tmp_path)
+    T, trained = 4 * MICRO["block_size"], MICRO["block_size"]
+    assert report["block_size"] == T
+    model, config = load_model(trained_runs["xsa"], "cpu")
+    model.extend_context(T)
+    x, y = val_sequences(config["data_dir"], T, 4 * T)
+    with torch.no_grad():
+        want = F.cross_entropy(model(x)[0].transpose(1, 2), y, reduction="none").double().mean(dim=0)
+    xsa = report["models"]["XSA"]
+    assert xsa["per_position"] == pytest.approx(want.tolist(), rel=1e-5)
+    for label in ("SA", "XSA"):
+        per_position = torch.tensor(report["models"][label]["per_position"])
+        assert report["models"][label]["inside"] == pytest.approx(per_position[:trained].mean().item())
+        assert report["models"][label]["beyond"] == pytest.approx(per_position[trained:].mean().item())
+        assert any(b["start"] == trained for b in report["models"][label]["buckets"])  # split at the training length
+    inside_delta = xsa["inside"] - report["models"]["SA"]["inside"]
+    assert f"| inside the training length ({trained}) |" in proc.stdout and f"{inside_delta:.4f} |" in proc.stdout
+    assert (tmp_path / "position_loss.png").exists()
