@@ -21,7 +21,7 @@ from checkpoint import (checkpoint_path, checkpoint_step, load_checkpoint_file, 
                         save_checkpoint, save_sharded_checkpoint, set_rng_state, CHECKPOINT_PATTERN)
 from files import fsync_dir, remove_temp_files
 from parallelize import local_shard
-from train_config import ARCHITECTURE_KEYS
+from train_config import ARCHITECTURE_KEYS, MODEL_DEFAULTS
 
 RUN_FILES = ("metrics.jsonl", "train.log", "config.json", "git.diff")  # a run's logs, beside its checkpoints
 
@@ -100,9 +100,10 @@ def load_latest_checkpoint(out_dir, map_location="cpu"):
 
 
 def architecture_mismatch(saved_config, config):
-    """Names and values of the architecture keys that differ between two configs."""
-    return {k: (saved_config.get(k), config.get(k)) for k in ARCHITECTURE_KEYS
-            if saved_config.get(k) != config.get(k)}
+    """Names and values of the architecture keys that differ between two configs. A key the saved config
+    lacks (written before the key existed) has its default, which is what that run computed."""
+    saved = {k: saved_config.get(k, MODEL_DEFAULTS[k]) for k in ARCHITECTURE_KEYS}
+    return {k: (saved[k], config.get(k)) for k in ARCHITECTURE_KEYS if saved[k] != config.get(k)}
 
 
 def check_architecture(saved_config, config, path):

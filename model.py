@@ -9,7 +9,8 @@ so a head can only pass on information from the *other* tokens. No new parameter
 The architecture is nanoGPT with the paper's three changes: RoPE instead of learned
 positions, a LayerNorm right after the token embedding, and a head width set
 independently of the model width. Beyond the paper: gated XSA, learned attention sinks,
-grouped-query attention (n_kv_head) and XSA in some blocks only (xsa_layers).
+grouped-query attention (n_kv_head), XSA in some blocks only (xsa_layers), and attention
+within documents only (attn_mask="document").
 """
 
 import math
@@ -19,8 +20,13 @@ from typing import Literal
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 ATTN_TYPES = ("sa", "xsa")
+ATTN_MASKS = ("causal", "document")
+# devices on which a document mask runs as FlexAttention with a block-sparse mask (the blocks between two
+# documents are skipped); elsewhere it is SDPA with a dense boolean mask: FlexAttention has no backward on CPU
+FLEX_DEVICES = ("cuda",)
 
 
 def key(default, meaning, variant=None):
@@ -51,6 +57,10 @@ class GPTConfig:
     rope_theta: float = key(10000.0, "RoPE base frequency")
     bias: bool = key(False, "biases in Linear and LayerNorm layers")
     dropout: float = key(0.0, "dropout on attention weights and residual branches")
+    attn_mask: Literal[ATTN_MASKS] = key("causal", '"causal": a query sees every earlier token of its window; '
+                                         '"document": only those of its own document, whose positions start at 0')
+    eot_token: int = key(50256, "the token that starts every document (GPT-2's <|endoftext|>), where "
+                                'attn_mask="document" splits a window')
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "rope_theta"):
@@ -62,6 +72,10 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.attn_type not in ATTN_TYPES:
             raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {self.attn_type!r}")
+        if self.attn_mask not in ATTN_MASKS:
+            raise ValueError(f"attn_mask must be one of {ATTN_MASKS}, got {self.attn_mask!r}")
+        if self.attn_mask == "document" and not 0 <= self.eot_token < self.vocab_size:
+            raise ValueError(f"eot_token={self.eot_token} is not a token of vocab_size={self.vocab_size}")
         if self.head_dim is None:
             if self.n_embd % self.n_head:
                 raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; set head_dim")
@@ -194,6 +208,32 @@ def apply_rope(x, cos, sin):
 
 
 # -----------------------------------------------------------------------------
+# Attention within documents
+
+# fused kernels need FlexAttention compiled; inside a compiled model this is traced as part of its graph
+compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+
+
+def document_segments(tokens, valid, eot_token):
+    """Which document each token is in, and its position within it, for tokens (B, L) of which `valid`
+    (B, L) are real (False: left padding). A document starts at each eot_token and at the first real
+    token; positions count real tokens only."""
+    count = valid.long().cumsum(dim=1) - 1  # the index of each token among the real ones
+    starts = (tokens == eot_token) & valid
+    start_count = torch.where(starts, count, torch.zeros_like(count)).cummax(dim=1).values
+    return starts.long().cumsum(dim=1), (count - start_count).clamp_min(0)
+
+
+def document_block_mask(segments, n_sinks):
+    """FlexAttention's block-sparse mask of a document mask: causal, within a document, sinks seen by all.
+    segments: (B, sinks + T), the sinks' entries ignored."""
+    def within_document(b, h, q, k):
+        return (k <= q) & ((k < n_sinks) | (segments[b, q] == segments[b, k]))
+    B, L = segments.shape
+    return create_block_mask(within_document, B, None, L, L, device=segments.device)
+
+
+# -----------------------------------------------------------------------------
 # The KV cache of generation
 
 class KVCache:
@@ -204,6 +244,7 @@ class KVCache:
 
     def __init__(self):
         self.keys, self.values = [], []
+        self.tokens = None  # the token ids so far (B, tokens), which a document mask splits into documents
 
     def get_seq_length(self, layer_idx=0):
         """Positions cached so far, the sinks included."""
@@ -260,14 +301,18 @@ class CausalSelfAttention(nn.Module):
         return y + gate * (z - y)  # = y - tanh(alpha) * proj
 
     def forward(self, x, cos, sin, mask=None, cache=None):
-        """mask: None for causal attention over x alone (nothing cached); else which keys each query sees,
-        (B or 1, 1, T, cached + T) booleans. cache: the earlier positions' keys and values, extended here."""
+        """mask: None for causal attention over x alone (nothing cached); a BlockMask (documents, on
+        FLEX_DEVICES); else which keys each query sees, (B or 1, 1, T, cached + T) booleans. cache: the
+        earlier positions' keys and values, extended here."""
         B, T, _ = x.size()
         q, k, v = self.project_qkv(x, cos, sin)
         keys, values = (k, v) if cache is None else cache.update(k, v, self.layer_idx)
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
-                                           enable_gqa=self.n_kv_head != self.n_head,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        gqa = self.n_kv_head != self.n_head
+        if isinstance(mask, BlockMask):
+            y = compiled_flex_attention(q, keys, values, block_mask=mask, enable_gqa=gqa)
+        else:
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
+                                               enable_gqa=gqa, dropout_p=self.dropout if self.training else 0.0)
         if self.attn_type == "xsa":  # the projection on each query's own value: the new positions' v
             y = self.exclude_self(y, v)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
@@ -370,30 +415,47 @@ class GPT(nn.Module):
             self.context = length
             self.set_rope_tables()
 
-    def positions(self, past, new, attention_mask):
-        """(cos, sin, mask) of the `new` positions that follow `past` cached ones (sinks included): without
-        an attention mask every sequence has the same positions, and the mask is None (causal attention
-        over the new positions alone, SDPA's is_causal) when nothing is cached; with one, each sequence
-        counts its own tokens (left padding), no query sees a padded key, and a padded query sees itself
-        alone (its output is never used)."""
-        S = self.config.n_sinks
-        if attention_mask is None:
+    def positions(self, idx, past, sinks, attention_mask=None, cache=None):
+        """(cos, sin, mask) of the sinks (if `sinks`) and tokens idx that follow `past` cached positions
+        (sinks included). Under a causal mask without an attention mask, every sequence has the same
+        positions, and the mask is None (SDPA's is_causal) when nothing is cached. Otherwise each sequence
+        has positions of its own: with an attention mask (B, cached tokens + T), left padding is never
+        attended to and positions count real tokens only (a padded query sees itself alone; its output is
+        never used); under a document mask, a query sees only its own document's tokens (and the sinks),
+        and positions restart at each document. cache.tokens keeps the token ids a document mask splits."""
+        S, document = self.config.n_sinks, self.config.attn_mask == "document"
+        B, new = idx.size(0), sinks + idx.size(1)
+        if attention_mask is None and not document:
             cos, sin = self.rope_cos[past:past + new], self.rope_sin[past:past + new]
             if past == 0:
                 return cos, sin, None
             keys = torch.arange(past + new, device=cos.device)
             return cos, sin, (keys <= keys[past:, None]).view(1, 1, new, past + new)
-        tokens = attention_mask.bool()  # (B, tokens cached + new)
-        B = tokens.size(0)
-        sinks = torch.ones(B, S, dtype=torch.bool, device=tokens.device)
-        valid = torch.cat((sinks, tokens), dim=1)  # (B, past + new): which keys are real
-        token_positions = S + (tokens.long().cumsum(dim=1) - 1).clamp_min(0)
-        all_positions = torch.cat((torch.arange(S, device=tokens.device).expand(B, S), token_positions), dim=1)
-        positions = all_positions[:, past:]  # (B, new)
+        tokens = idx
+        if document and cache is not None:  # the document a new token is in may have begun earlier
+            tokens = idx if past == 0 else torch.cat((cache.tokens, idx), dim=1)
+            cache.tokens = tokens
+        valid = (attention_mask.bool() if attention_mask is not None
+                 else torch.ones(B, past - S + new, dtype=torch.bool, device=idx.device))
+        if document:
+            segments, token_positions = document_segments(tokens, valid, self.config.eot_token)
+        else:
+            token_positions = (valid.long().cumsum(dim=1) - 1).clamp_min(0)
+        sink_positions = torch.arange(S, device=idx.device).expand(B, S)
+        positions = torch.cat((sink_positions, S + token_positions), dim=1)[:, past:]  # (B, new)
         cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
-        keys = torch.arange(past + new, device=tokens.device)
+        if document:
+            segments = torch.cat((torch.full_like(sink_positions, -1), segments), dim=1)  # (B, past + new)
+        if (document and attention_mask is None and past == 0 and idx.device.type in FLEX_DEVICES
+                and not (self.training and self.config.dropout)):  # FlexAttention has no dropout
+            return cos, sin, document_block_mask(segments, S)
+        keys = torch.arange(past + new, device=idx.device)
         queries = keys[past:, None]
-        mask = ((keys <= queries) & valid[:, None, :]) | (keys == queries)  # (B, new, past + new)
+        real_keys = torch.cat((torch.ones_like(sink_positions, dtype=torch.bool), valid), dim=1)
+        mask = (keys <= queries) & real_keys[:, None, :]
+        if document:
+            mask = mask & ((keys < S) | (segments[:, past:, None] == segments[:, None, :]))
+        mask = mask | (keys == queries)  # (B, new, past + new)
         return cos, sin, mask.unsqueeze(1)
 
     def forward(self, idx, targets=None, cache=None, attention_mask=None):
@@ -412,7 +474,7 @@ class GPT(nn.Module):
         if sinks:
             x = torch.cat((self.sinks.to(x.dtype).expand(B, -1, -1), x), dim=1)
         x = self.transformer.drop(self.transformer.ln_emb(x))
-        cos, sin, mask = self.positions(past, sinks + T, attention_mask)
+        cos, sin, mask = self.positions(idx, past, sinks, attention_mask, cache)
         for block in self.transformer.h:
             x = block(x, cos, sin, mask, cache)
         x = self.transformer.ln_f(x[:, sinks:])  # sink outputs never reach the loss

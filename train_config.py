@@ -168,6 +168,7 @@ class Seeds:
 # the keys, in the order --help lists them and config.json records them
 SECTIONS = (Run, Data, Wandb, GPTConfig, Step, Optimizer, Guards, System, Seeds)
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig))
+MODEL_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}
 
 
 class RunConfig(Config):

@@ -192,6 +192,17 @@ def test_every_model_field_but_context_and_dropout_is_checked_on_resume():
         assert (key in architecture_mismatch(base, changed)) == (key not in ("block_size", "dropout")), key
 
 
+def test_a_checkpoint_older_than_a_model_key_has_its_default():
+    """A checkpoint written before attn_mask and eot_token existed computed the causal mask: it resumes into
+    a causal run and is refused by a document-masked one."""
+    from checkpointer import architecture_mismatch
+    import train_config
+    base = {k: train_config.TRAIN_KEYS[k].default for k in train_config.MODEL_KEYS}
+    older = {k: v for k, v in base.items() if k not in ("attn_mask", "eot_token")}
+    assert architecture_mismatch(older, base) == {}
+    assert architecture_mismatch(older, {**base, "attn_mask": "document"}) == {"attn_mask": ("causal", "document")}
+
+
 @pytest.mark.parametrize("value,expected", [("0,2", "0,2"), ("[2, 0]", "0,2"), ("(0,)", "0"), ("'1'", "1"), ("2", 2)])
 def test_xsa_layers_takes_an_int_or_the_blocks_in_any_spelling(value, expected):
     import train_config

@@ -11,7 +11,7 @@ import torch
 from checkpoint import save_checkpoint
 from conftest import CORPUS, REPO, run_in_process, run_script
 from model import GPT, GPTConfig
-from test_generate import VARIANTS
+from test_generate import VARIANTS, with_documents
 from train_config import make_config
 
 pytestmark = pytest.mark.slow  # each export builds a tokenizer and writes a model: seconds, not milliseconds
@@ -62,7 +62,8 @@ def test_exported_logits_equal_the_checkpoints(exports, variant):
     folder, model = exports[variant]
     exported = load_export(folder)
     torch.manual_seed(1)
-    for idx in (torch.randint(0, 50257, (3, SMALL["block_size"])), real_text_tokens(SMALL["block_size"])):
+    # with EOTs (several documents in a window: packed, for the document masks), and plain text
+    for idx in (with_documents(torch.randint(0, 50257, (3, SMALL["block_size"]))), real_text_tokens(SMALL["block_size"])):
         with torch.no_grad():
             ours, theirs = model(idx)[0], exported(idx).logits
         assert torch.allclose(theirs, ours, rtol=1e-5, atol=1e-5 * ours.abs().max().item())
@@ -75,7 +76,7 @@ def test_transformers_greedy_generate_with_the_cache_equals_without_and_the_full
     folder, model = exports[variant]
     exported = load_export(folder)
     torch.manual_seed(2)
-    prompts = [torch.randint(0, 50257, (n,)) for n in (9, 4, 6)]
+    prompts = [with_documents(torch.randint(0, 50257, (n,))) for n in (9, 4, 6)]
     width = max(len(p) for p in prompts)
     ids = torch.full((3, width), 50256)
     mask = torch.zeros(3, width, dtype=torch.long)

@@ -7,6 +7,7 @@ import torch
 from model import GPT, GPTConfig, KVCache, rope_tables
 
 BASE = dict(n_layer=2, n_head=4, n_embd=32, head_dim=8, block_size=24, vocab_size=97)
+EOT = 7  # the document masks' eot_token: a token of this vocabulary and of GPT-2's
 # every variant the repo trains
 VARIANTS = {
     "sa": {},
@@ -17,7 +18,16 @@ VARIANTS = {
     "mqa_sinks_sa": dict(n_kv_head=1, n_sinks=1),
     "xsa_layers": dict(attn_type="xsa", xsa_layers=1),
     "bias_theta": dict(attn_type="xsa", bias=True, rope_theta=500.0, xsa_gate=True),
+    "document": dict(attn_mask="document", eot_token=EOT),
+    "document_xsa_sinks_gqa": dict(attn_type="xsa", n_sinks=2, n_kv_head=2, attn_mask="document", eot_token=EOT),
 }
+
+
+def with_documents(idx):
+    """idx with an EOT every 5 tokens from the fourth on: several documents, the first cut at its start."""
+    idx = idx.clone()
+    idx[..., 3::5] = EOT
+    return idx
 
 
 def decisive_model(**overrides):
@@ -42,7 +52,7 @@ def argmax_loop(model, idx, steps):
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_decoding_with_the_cache_equals_without_and_the_full_forward(variant, batch):
     model = decisive_model(**VARIANTS[variant])
-    idx = torch.randint(0, 97, (batch, 5))
+    idx = with_documents(torch.randint(0, 97, (batch, 5)))
     with torch.no_grad():
         cached = model.generate(idx, 12, temperature=0, use_cache=True)
         uncached = model.generate(idx, 12, temperature=0, use_cache=False)
@@ -53,7 +63,7 @@ def test_greedy_decoding_with_the_cache_equals_without_and_the_full_forward(vari
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_logits_position_by_position_through_the_cache_equal_the_full_forward(variant):
     model = decisive_model(**VARIANTS[variant])
-    idx = torch.randint(0, 97, (2, 16))
+    idx = with_documents(torch.randint(0, 97, (2, 16)))
     with torch.no_grad():
         full = model(idx)[0]
         cache = KVCache()
@@ -69,7 +79,7 @@ def test_a_left_padded_batch_computes_each_sequence_as_alone(variant):
     logits equal those of its tokens run alone, in the prefill and through the cache."""
     model = decisive_model(**VARIANTS[variant])
     torch.manual_seed(1)
-    prompts = [torch.randint(0, 97, (n,)) for n in (7, 3, 5)]
+    prompts = [with_documents(torch.randint(0, 97, (n,))) for n in (7, 3, 5)]
     width = max(len(p) for p in prompts)
     idx = torch.zeros(3, width, dtype=torch.long)
     mask = torch.zeros(3, width, dtype=torch.long)
