@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from checkpoint import (checkpoint_path, checkpoint_step, load_checkpoint_file, load_training_state, rng_state,
                         save_checkpoint, save_sharded_checkpoint, set_rng_state, CHECKPOINT_PATTERN)
+from configurator import ConfigError
 from files import fsync_dir, remove_temp_files
 from parallelize import local_shard
 from train_config import ARCHITECTURE_KEYS, MODEL_DEFAULTS
@@ -110,7 +111,7 @@ def check_architecture(saved_config, config, path):
     diff = architecture_mismatch(saved_config, config)
     if diff:
         details = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-        raise ValueError(f"checkpoint {path} has a different architecture ({details})")
+        raise ConfigError(f"checkpoint {path} has a different architecture ({details})")
 
 
 class NonFiniteState(ValueError):
@@ -250,7 +251,7 @@ class Checkpointer:
         check_architecture(state["config"], config, path)
         saved_optimizer = state["config"].get("optimizer", "adamw")
         if saved_optimizer != config["optimizer"]:  # its state would not fit this optimizer's
-            raise ValueError(f"checkpoint {path} was trained with optimizer={saved_optimizer!r}, not "
+            raise ConfigError(f"checkpoint {path} was trained with optimizer={saved_optimizer!r}, not "
                              f"{config['optimizer']!r}: resume it with --optimizer={saved_optimizer}")
         built = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         load_training_state(path, state, self.model, self.optimizer)  # either format, any parallelism

@@ -448,6 +448,9 @@ def train_loop(c, run, runtime, log, state):
                        (x, y, run.loader.state_dict()))  # with the loader's position after it
 
     read_batch()
+    if c.attn_mask == "document" and not (batches[0][0] == c.eot_token).any():
+        log.print(f'attn_mask="document" found no eot_token ({c.eot_token}) in the first batch: its mask is the '
+                  f'causal one; check eot_token against the tokenizer of {c.data_dir}')
     for step in range(state.step + 1, c.max_iters + 1):
         x, y, loader_position = batches.popleft()
         lr = lr_at(step, c)

@@ -272,6 +272,23 @@ def test_compiled_document_masked_forward_and_backward_match_eager(variant):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_recomputed_blocks_give_the_same_training_under_a_document_mask():
+    """Activation checkpointing recomputes each block with the same mask and the same dropout draws."""
+    from parallelize import apply_activation_checkpointing
+    idx = packed_batch()
+    results = {}
+    for mode in ("none", "block", "selective"):
+        model = document_model(dtype=torch.float32, attn_type="xsa", n_sinks=1, dropout=0.1).train()
+        apply_activation_checkpointing(model, mode)
+        torch.manual_seed(3)
+        loss = model(idx, idx)[1]
+        loss.backward()
+        results[mode] = (loss.item(), [p.grad.clone() for p in model.parameters()])
+    for mode in ("block", "selective"):
+        assert results[mode][0] == results["none"][0]
+        assert all(torch.equal(a, b) for a, b in zip(results[mode][1], results["none"][1]))
+
+
 # -----------------------------------------------------------------------------
 # what the mask means for XSA at a document's first token
 

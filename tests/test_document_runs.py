@@ -1,0 +1,91 @@
+"""train.py with attn_mask="document": it learns, resumes bit-exactly, refuses a change of mask on resume, and
+says when its data has no document boundary."""
+
+import os
+
+import numpy as np
+import pytest
+
+from conftest import micro_args, run_train
+from metrics import read_metrics
+from test_train import unigram_cross_entropy
+
+pytestmark = pytest.mark.slow  # every test trains
+
+EOT = 50256
+RESUME = dict(max_iters=8, lr_decay_iters=8, eval_interval=4, checkpoint_interval=4, dropout=0.1,
+              attn_mask="document")
+
+
+@pytest.fixture(scope="module")
+def paragraph_data_dir(tmp_path_factory, corpus_docs):
+    """Shards whose documents are the plays' paragraphs (tens of tokens each, several per 32-token window),
+    each preceded by the end-of-text token, as prepare.py writes them."""
+    import tiktoken
+    from shards import write_shard
+    enc = tiktoken.get_encoding("gpt2")
+    paragraphs = [p for doc in corpus_docs for p in doc.split("\n\n") if p.strip()]
+    tokens = np.concatenate([np.array([EOT] + enc.encode_ordinary(p), dtype=np.uint16) for p in paragraphs])
+    out = tmp_path_factory.mktemp("paragraph_shards")
+    write_shard(str(out / "fineweb_val_000000.bin"), tokens[:20_000])
+    write_shard(str(out / "fineweb_train_000001.bin"), tokens[20_000:170_000])
+    return str(out)
+
+
+def losses(out_dir, key="train_loss"):
+    return [(r["step"], r[key]) for r in read_metrics(os.path.join(out_dir, "metrics.jsonl")) if key in r]
+
+
+def test_a_document_masked_run_learns_past_the_unigram_loss(paragraph_data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    proc = run_train(micro_args(paragraph_data_dir, out, attn_mask="document", attn_type="xsa", max_iters=100,
+                                batch_size=8, total_batch_size=1024, learning_rate=3e-2, warmup_iters=5,
+                                eval_interval=50, checkpoint_interval=50, val_tokens=4096))
+    assert "found no eot_token" not in proc.stdout
+    val = [v for _, v in losses(out, "val_loss")]
+    assert val[-1] < unigram_cross_entropy(paragraph_data_dir, 4096)
+
+
+def test_a_document_masked_run_resumes_bitwise_and_refuses_another_mask(paragraph_data_dir, tmp_path):
+    full, out = str(tmp_path / "full"), str(tmp_path / "run")
+    run_train(micro_args(paragraph_data_dir, full, **RESUME))
+    run_train(micro_args(paragraph_data_dir, out, **{**RESUME, "max_iters": 4}))
+    files = sorted(os.listdir(out))
+    refused = run_train(micro_args(paragraph_data_dir, out, init_from="resume", **{**RESUME, "attn_mask": "causal"}),
+                        check=False)
+    assert refused.status == 2
+    assert "attn_mask: checkpoint 'document' vs now 'causal'" in refused.stderr
+    assert sorted(os.listdir(out)) == files  # nothing written
+    run_train(micro_args(paragraph_data_dir, out, init_from="resume", **RESUME))
+    assert losses(out) == losses(full)  # exact float equality, steps 1..8 once each
+    assert losses(out, "val_loss") == losses(full, "val_loss")
+
+
+def test_an_unknown_mask_exits_2_naming_the_choices_before_anything_is_written(paragraph_data_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(micro_args(paragraph_data_dir, str(out), attn_mask="doc"), check=False)
+    assert proc.status == 2
+    assert "attn_mask must be one of 'causal', 'document'; got 'doc'" in proc.stderr
+    assert not out.exists()
+
+
+def test_data_without_the_eot_token_is_said_once_and_the_run_goes_on(paragraph_data_dir, tmp_path):
+    out = str(tmp_path / "run")
+    # 50300: in the padded vocabulary, never written by GPT-2's tokenizer
+    proc = run_train(micro_args(paragraph_data_dir, out, attn_mask="document", eot_token=50300, max_iters=3,
+                                eval_interval=3, checkpoint_interval=3))
+    assert proc.stdout.count("found no eot_token (50300) in the first batch") == 1
+    assert [s for s, _ in losses(out)] == [1, 2, 3]
+    with open(os.path.join(out, "train.log"), encoding="utf-8") as f:
+        assert "found no eot_token (50300)" in f.read()
+
+
+def test_two_process_fsdp_with_recomputed_blocks_matches_one_process(paragraph_data_dir, tmp_path):
+    """The mask is made from each process's own tokens, inside every recomputed block alike."""
+    from test_fsdp import RUN, assert_same_training
+    one, fsdp = str(tmp_path / "one"), str(tmp_path / "fsdp")
+    settings = dict(RUN, attn_type="xsa", n_sinks=1, attn_mask="document")
+    run_train(micro_args(paragraph_data_dir, one, **settings))
+    run_train(micro_args(paragraph_data_dir, fsdp, parallelism="fsdp", activation_checkpointing="block", **settings),
+              nproc=2)
+    assert_same_training(fsdp, one, steps=range(1, 7))
