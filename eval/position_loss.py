@@ -13,33 +13,49 @@ tables extend (model.GPT.extend_context). `--block_size 4x` scores 4 times the f
 a length in tokens beyond it needs --extend_context. The buckets then split at the training length, and
 the report gives each model's mean loss inside and beyond the trained range, and the difference of the
 second model from the first in both: does XSA extrapolate better than SA?
+
+By position within the document (--by document): a window packs several documents, so position t of a
+window is rarely position t of a document. This scores each token by how many tokens of its own document
+it is conditioned on (1: the document's first token, its end-of-text, predicting the first word; a window's
+first tokens start a document, as the document mask sees them), in log-spaced buckets 1-63, 64-255,
+256-1023, ... up to the block size, with each bucket's token and document counts. With two or more models,
+each one's difference from the first per bucket, with a 95% interval over documents (each document's tokens
+vary together: the interval treats a document, not a token, as one draw): does XSA's gain grow deeper into
+long documents?
 """
 
 import json
+import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import scipy.stats  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from eval import common  # noqa: E402
+from model import document_segments  # noqa: E402
 from runtime import autocast  # noqa: E402
 
 
 @torch.no_grad()
-def position_losses(model, x, y, batch_size=16, dtype="float32", quiet=True, desc=None):
-    """Mean cross-entropy at each position over the sequences x, y (N, T): a float64 tensor (T,).
+def token_losses(model, x, y, batch_size=16, dtype="float32", quiet=True, desc=None):
+    """Cross-entropy of every token of the sequences x, y (N, T): a float64 tensor (N, T) on the CPU.
     With quiet=False, a progress bar over the batches (desc: its label)."""
-    total = torch.zeros(x.size(1), dtype=torch.float64, device=x.device)
+    losses = []
     for i in common.progress(range(0, len(x), batch_size), quiet, desc=desc, unit="batch"):
         xb, yb = x[i:i + batch_size], y[i:i + batch_size]
         with autocast(x.device.type, dtype):
             logits, _ = model(xb)
-        loss = F.cross_entropy(logits.float().transpose(1, 2), yb, reduction="none")  # (B, T)
-        total += loss.double().sum(dim=0)
-    return total / len(x)
+        losses.append(F.cross_entropy(logits.float().transpose(1, 2), yb, reduction="none").double().cpu())
+    return torch.cat(losses)
+
+
+def position_losses(model, x, y, batch_size=16, dtype="float32", quiet=True, desc=None):
+    """Mean cross-entropy at each position over the sequences x, y (N, T): a float64 tensor (T,)."""
+    return token_losses(model, x, y, batch_size, dtype, quiet, desc).mean(dim=0)
 
 
 def bucket_losses(per_position, n_buckets, boundary=None):
@@ -56,6 +72,117 @@ def bucket_losses(per_position, n_buckets, boundary=None):
     return [{"start": int(p[0]), "end": int(p[-1]) + 1, "loss": per_position[p].mean().item()}
             for p in torch.tensor_split(positions, min(n_buckets, T))]
 
+
+# -----------------------------------------------------------------------------
+# by position within the document
+
+def document_positions(x, eot_token):
+    """For the input tokens x (N, T): each token's position within its document, counted from 1 (the tokens
+    of its document it is conditioned on), and a document id unique over all N windows. Documents start at
+    each eot_token and at each window's first token (model.document_segments, as the document mask)."""
+    segments, positions = document_segments(x, torch.ones_like(x, dtype=torch.bool), eot_token)
+    window = torch.arange(x.size(0), device=x.device)[:, None]
+    return positions + 1, window * (x.size(1) + 1) + segments
+
+
+def log_buckets(block_size):
+    """[(first, last)] positions: 1-63, 64-255, 256-1023, ... (x4), the last one ending at block_size."""
+    buckets, first = [], 1
+    while first <= block_size:
+        last = min(block_size, 64 * 4 ** len(buckets) - 1)
+        buckets.append((first, last))
+        first = last + 1
+    return buckets
+
+
+def document_buckets(losses, positions, documents, buckets):
+    """Mean loss of the tokens in each bucket of positions, with their token and document counts."""
+    rows = []
+    for first, last in buckets:
+        inside = (positions >= first) & (positions <= last)
+        n = int(inside.sum())
+        rows.append({"start": first, "end": last + 1, "tokens": n, "documents": int(documents[inside].unique().numel()),
+                     "loss": losses[inside].mean().item() if n else None})
+    return rows
+
+
+def difference_by_document(losses, reference, positions, documents, buckets, confidence=0.95):
+    """Per bucket: the mean over tokens of losses - reference, and its confidence interval with documents as
+    the independent draws (cluster-robust: the ratio estimator sum(d_j) / sum(n_j) over documents j, whose
+    variance is sum((d_j - mean n_j)^2) / (sum n_j)^2 x J / (J - 1); Student t with J - 1 degrees of freedom).
+    With documents of equal size it is the t interval of the documents' mean differences."""
+    rows = []
+    for first, last in buckets:
+        inside = (positions >= first) & (positions <= last)
+        ids, index = documents[inside].unique(return_inverse=True)
+        J = ids.numel()
+        if J == 0:
+            rows.append({"start": first, "end": last + 1, "difference": None, "ci": None, "documents": 0})
+            continue
+        sums = torch.zeros(J, dtype=torch.float64).index_add_(0, index, (losses - reference)[inside])
+        counts = torch.zeros(J, dtype=torch.float64).index_add_(0, index, torch.ones_like(sums[index]))
+        mean = (sums.sum() / counts.sum()).item()
+        ci = None
+        if J > 1:
+            variance = ((sums - mean * counts) ** 2).sum().item() / counts.sum().item() ** 2 * J / (J - 1)
+            ci = tuple(float(v) for v in scipy.stats.t.interval(confidence, J - 1, loc=mean,
+                                                                 scale=math.sqrt(variance) or 1e-300))
+        rows.append({"start": first, "end": last + 1, "difference": mean, "ci": ci, "documents": J})
+    return rows
+
+
+def format_document_table(results):
+    """results: {label: {"buckets": [...], "differences": [...] (not for the first)}} -> markdown."""
+    labels = list(results)
+    header = [f"{label}" for label in labels] + [f"{label} - {labels[0]} [95% CI]" for label in labels[1:]]
+    lines = ["| position in document | tokens | documents | " + " | ".join(header) + " |",
+             "|---" * (len(header) + 3) + "|"]
+    fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+    for i, bucket in enumerate(results[labels[0]]["buckets"]):
+        cells = [fmt(results[label]["buckets"][i]["loss"]) for label in labels]
+        for label in labels[1:]:
+            d = results[label]["differences"][i]
+            cells.append(fmt(d["difference"]) + ("" if d["ci"] is None else
+                                                 f" [{d['ci'][0]:+.4f}, {d['ci'][1]:+.4f}]"))
+        lines.append(f"| {bucket['start']}-{bucket['end'] - 1} | {bucket['tokens']} | {bucket['documents']} | "
+                     + " | ".join(cells) + " |")
+    means = [results[label]["mean"] for label in labels]
+    lines.append("| all (mean) | | | " + " | ".join(fmt(v) for v in means + [m - means[0] for m in means[1:]]) + " |")
+    return "\n".join(lines)
+
+
+def plot_by_document(results, out):
+    """position_loss.png in out: loss per bucket against the position in the document (log scale); with two
+    or more models, each one's difference from the first, with its 95% interval."""
+    plt = common.pyplot()
+    labels = list(results)
+    buckets = results[labels[0]]["buckets"]
+    centers = [math.sqrt(b["start"] * (b["end"] - 1)) for b in buckets]  # the geometric middle
+    panels = 2 if len(labels) > 1 else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
+    for label in labels:
+        axes[0][0].plot(centers, [b["loss"] for b in results[label]["buckets"]], marker="o", label=label)
+    axes[0][0].set(xlabel="position in document", ylabel="validation loss", title="loss by position in document")
+    for label in labels[1:]:
+        rows = [d for d in results[label]["differences"] if d["difference"] is not None]
+        xs = [math.sqrt(d["start"] * (d["end"] - 1)) for d in rows]
+        ys = [d["difference"] for d in rows]
+        errors = [[y - (d["ci"] or (y, y))[0] for y, d in zip(ys, rows)],
+                  [(d["ci"] or (y, y))[1] - y for y, d in zip(ys, rows)]]
+        axes[0][1].errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=f"{label} - {labels[0]}")
+    if panels == 2:
+        axes[0][1].axhline(0, color="gray", lw=0.8)
+        axes[0][1].set(xlabel="position in document", ylabel="loss difference (95% CI over documents)",
+                       title=f"difference from {labels[0]}")
+        axes[0][1].legend()
+    for ax in axes[0]:
+        ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend()
+    return common.save_figure(fig, out, "position_loss.png")
+
+
+# -----------------------------------------------------------------------------
 
 def sequence_length(text):
     """argparse type of --block_size: tokens (512), or a multiple of each model's training length (4x)."""
@@ -128,12 +255,15 @@ def main():
                         help="let --block_size (in tokens) run past a model's training length")
     parser.add_argument("--buckets", type=common.positive_int, default=16, help="number of position ranges")
     parser.add_argument("--batch_size", type=common.positive_int, default=16, help="sequences per forward pass")
+    parser.add_argument("--by", choices=("window", "document"), default="window",
+                        help="position in the window (equal buckets) or within the token's document (log-spaced "
+                             "buckets, differences with a 95%% interval over documents)")
     args = parser.parse_args()
     checkpoints = common.label_checkpoints(parser, args.checkpoints, args.labels)
     device, dtype = common.device_and_dtype(parser, args)
     out = common.output_dir(args.out)
 
-    results, x, y = {}, None, None
+    results, x, y, first_losses = {}, None, None, None
     for label, path in checkpoints.items():
         model, config = common.load(path, device)
         extend = args.extend_context or bool(args.block_size and args.block_size[0] == "x")
@@ -151,7 +281,24 @@ def main():
                       flush=True)
         model.extend_context(block_size)
         trained = config["block_size"]
-        per_position = position_losses(model, x, y, args.batch_size, dtype, args.quiet, label).cpu()
+        losses = token_losses(model, x, y, args.batch_size, dtype, args.quiet, label)
+        model.to("cpu")
+        if args.by == "document":
+            if first_losses is None:  # the first model's end-of-text token splits the documents for all
+                eot_token = config.get("eot_token", 50256)
+                positions, documents = document_positions(x.cpu(), eot_token)
+                buckets = log_buckets(x.size(1))
+                first_losses = losses
+            results[label] = {"checkpoint": path, "attn_type": config["attn_type"],
+                              "attn_mask": config.get("attn_mask", "causal"), "mean": losses.mean().item(),
+                              "buckets": document_buckets(losses, positions, documents, buckets)}
+            if len(results) > 1:
+                results[label]["differences"] = difference_by_document(losses, first_losses, positions, documents,
+                                                                       buckets)
+            print(f"{label}: {path}, mean validation loss {results[label]['mean']:.4f} "
+                  f"over {len(x)} sequences of {x.size(1)} tokens from {data_dir}", flush=True)
+            continue
+        per_position = losses.mean(dim=0)
         past = trained < block_size
         results[label] = {"checkpoint": path, "attn_type": config["attn_type"], "trained_block_size": trained,
                           "mean": per_position.mean().item(),
@@ -163,15 +310,20 @@ def main():
                           "per_position": per_position.tolist()}
         print(f"{label}: {path}, mean validation loss {results[label]['mean']:.4f} "
               f"over {len(x)} sequences of {x.size(1)} tokens from {data_dir}", flush=True)
-        model.to("cpu")
-    table = format_table(results)
+    by_document = args.by == "document"
+    table = format_document_table(results) if by_document else format_table(results)
     print(table)
 
-    report = {"data_dir": data_dir, "num_sequences": len(x), "block_size": x.size(1), "models": results}
+    report = {"data_dir": data_dir, "num_sequences": len(x), "block_size": x.size(1), "by": args.by,
+              **({"eot_token": eot_token} if by_document else {}), "models": results}
     path = common.write_text(out, "position_loss.json", json.dumps(report, indent=2))
-    common.write_text(out, "position_loss.md", f"Validation loss by position, {len(x)} sequences of {x.size(1)} "
-                                               f"tokens from {data_dir}.\n\n{table}\n")
-    plot(results, out)
+    where = " within the document" if by_document else ""
+    common.write_text(out, "position_loss.md", f"Validation loss by position{where}, {len(x)} sequences of "
+                                               f"{x.size(1)} tokens from {data_dir}.\n\n{table}\n")
+    if by_document:
+        plot_by_document(results, out)
+    else:
+        plot(results, out)
     print(f"wrote {path}, position_loss.md and position_loss.png")
 
 

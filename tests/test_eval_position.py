@@ -3,6 +3,7 @@ loss is what the model predicts there, the buckets partition the positions, and 
 defaults to the first checkpoint's own."""
 
 import json
+import math
 import os
 import shutil
 
@@ -153,3 +154,105 @@ def test_scoring_past_the_training_length_extends_the_context_and_splits_the_rep
     inside_delta = xsa["inside"] - report["models"]["SA"]["inside"]
     assert f"| inside the training length ({trained}) |" in proc.stdout and f"{inside_delta:.4f} |" in proc.stdout
     assert (tmp_path / "position_loss.png").exists()
+
+
+# -----------------------------------------------------------------------------
+# --by document: the position within the token's own document
+
+V, EOT, WORD = 16, 0, 1
+
+
+class PositionInDocumentModel(torch.nn.Module):
+    """A model whose only guess is WORD, surer the deeper into a document: logit a(p) = 0.5 p for WORD at
+    position p (from 0) of a document, 0 elsewhere. Its loss at each token is known in closed form."""
+
+    def forward(self, idx):
+        logits = torch.zeros(*idx.shape, V)
+        for b in range(idx.size(0)):
+            p = 0
+            for t in range(idx.size(1)):
+                p = 0 if t == 0 or idx[b, t] == EOT else p + 1
+                logits[b, t, WORD] = 0.5 * p
+        return logits, None
+
+
+def test_loss_by_position_in_document_on_a_constructed_case():
+    """Documents EOT WORD WORD ... of known lengths, packed and cut into windows: each token's loss is
+    -log(e^a / (e^a + V - 1)) when WORD follows and -log(1 / (e^a + V - 1)) when the next document's EOT does,
+    with a = 0.5 (its position in the document); the buckets' means, token and document counts follow."""
+    from eval.position_loss import document_buckets, document_positions, log_buckets, token_losses
+    lengths = [3, 70, 1, 40, 130, 9, 300, 2, 90]
+    stream = [tok for n in lengths for tok in [EOT] + [WORD] * (n - 1)] + [EOT]
+    T = 96
+    n_windows = (len(stream) - 1) // T
+    x = torch.tensor([stream[i * T:(i + 1) * T] for i in range(n_windows)])
+    y = torch.tensor([stream[i * T + 1:(i + 1) * T + 1] for i in range(n_windows)])
+    expected = {}  # bucket -> (losses, documents)
+    for w in range(n_windows):
+        p, doc = 0, 0
+        for t in range(T):
+            if t > 0 and x[w, t] == EOT:
+                p, doc = 0, doc + 1
+            elif t > 0:
+                p += 1
+            a = 0.5 * p
+            loss = math.log(math.exp(a) + V - 1) - (a if y[w, t] == WORD else 0.0)
+            bucket = (1, 63) if p + 1 <= 63 else (64, T)
+            losses, docs = expected.setdefault(bucket, ([], set()))
+            losses.append(loss)
+            docs.add((w, doc))
+    assert log_buckets(T) == [(1, 63), (64, 96)]
+    losses = token_losses(PositionInDocumentModel(), x, y, batch_size=3)
+    positions, documents = document_positions(x, EOT)
+    rows = document_buckets(losses, positions, documents, log_buckets(T))
+    for row, bucket in zip(rows, log_buckets(T)):
+        want, docs = expected[bucket]
+        assert (row["start"], row["end"] - 1) == bucket
+        assert row["tokens"] == len(want) and row["documents"] == len(docs)
+        assert row["loss"] == pytest.approx(sum(want) / len(want), rel=1e-6)  # float32 cross-entropy
+
+
+def test_log_buckets_are_powers_of_four_up_to_the_block_size():
+    from eval.position_loss import log_buckets
+    assert log_buckets(1024) == [(1, 63), (64, 255), (256, 1023), (1024, 1024)]
+    assert log_buckets(16384) == [(1, 63), (64, 255), (256, 1023), (1024, 4095), (4096, 16383), (16384, 16384)]
+    assert log_buckets(40) == [(1, 40)]
+
+
+def test_the_difference_interval_treats_a_document_as_one_draw():
+    """Documents of equal size: the interval is Student's t interval of the documents' mean differences;
+    of unequal sizes, the estimate is still the mean over tokens."""
+    import scipy.stats
+    from eval.position_loss import difference_by_document
+    torch.manual_seed(0)
+    documents = torch.arange(6).repeat_interleave(10)[None]  # six documents of 10 tokens in one row
+    positions = torch.arange(1, 11).repeat(6)[None]
+    a, b = torch.rand(1, 60, dtype=torch.float64), torch.rand(1, 60, dtype=torch.float64)
+    row, = difference_by_document(b, a, positions, documents, [(1, 63)])
+    per_document = (b - a).view(6, 10).mean(dim=1)
+    want = scipy.stats.t.interval(0.95, 5, loc=per_document.mean().item(),
+                                  scale=per_document.std().item() / math.sqrt(6))
+    assert row["documents"] == 6 and row["difference"] == pytest.approx(per_document.mean().item(), rel=1e-12)
+    assert row["ci"] == pytest.approx(want, rel=1e-9)
+    uneven = torch.tensor([[0, 0, 0, 0, 1, 2, 2]])
+    row, = difference_by_document(b[:, :7], a[:, :7], torch.ones_like(uneven), uneven, [(1, 63)])
+    assert row["difference"] == pytest.approx((b[:, :7] - a[:, :7]).mean().item(), rel=1e-12)
+    assert row["ci"][0] < row["difference"] < row["ci"][1]
+
+
+@pytest.mark.slow
+def test_cli_by_document_reports_buckets_counts_and_intervals(trained_runs, tmp_path):
+    proc, report = run_eval("position_loss.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
+                            "--by", "document", "--num_sequences", "8", "--device", "cpu", out=tmp_path)
+    T = MICRO["block_size"]
+    assert report["by"] == "document" and report["eot_token"] == 50256 and report["block_size"] == T
+    for label in ("SA", "XSA"):
+        buckets = report["models"][label]["buckets"]
+        assert [(b["start"], b["end"] - 1) for b in buckets] == [(1, T)]  # 32 tokens: one bucket, 1-63 cut at 32
+        assert sum(b["tokens"] for b in buckets) == 8 * T
+        assert buckets[0]["loss"] == pytest.approx(report["models"][label]["mean"], rel=1e-12)
+    difference, = report["models"]["XSA"]["differences"]
+    assert difference["difference"] == pytest.approx(report["models"]["XSA"]["mean"] - report["models"]["SA"]["mean"])
+    assert difference["ci"][0] < difference["difference"] < difference["ci"][1]
+    assert "| position in document | tokens | documents | SA | XSA | XSA - SA [95% CI] |" in proc.stdout
+    assert (tmp_path / "position_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
