@@ -9,12 +9,15 @@
 #
 #     INPUT='tests/fixtures/corpus/*.txt' scripts/small_study.sh     # prepare shards, then train
 #     SEEDS="1 2 3 4 5" scripts/small_study.sh --max_iters=240
+#     scripts/small_study.sh --attn_mask=document                     # attention within documents only
 #
 #   SEEDS="1 2 3"
 #   DATA_DIR, INPUT, MAX_TOKENS   the shards, as in scripts/tiny_data.sh: INPUT makes them (or checks that
 #                                 DATA_DIR was made from it); with no INPUT, the shards already in DATA_DIR,
 #                                 else FineWeb streamed from the Hub. The quickstart uses the same ones.
 # Runs: $OUT_ROOT/small_study/{sa,xsa}_tiny_seed<S>; the table and plot: $OUT_ROOT/small_study/compare.{md,png}.
+# With --attn_mask=document: {sa,xsa}_tiny_document_seed<S> (wandb group small_study_document), and
+# $OUT_ROOT/small_study/document/compare.{md,png}.
 # Rerun to resume; finished runs are skipped. Other options as for every sweep (GPUS, DRY_RUN,
 # --key=value overrides): scripts/sweep_common.sh.
 set -euo pipefail
@@ -25,6 +28,11 @@ SEEDS=${SEEDS:-"1 2 3"}
 SWEEP_RESERVED=(data_dir)
 
 sweep_begin small_study small_study "$@"
+MASK=causal
+for arg in "$@"; do  # train.py takes --attn_mask as it is; the runs' names and the table's place carry it
+    [[ $arg == --attn_mask=* ]] && MASK=${arg#--attn_mask=}
+done
+MASK_SUFFIX=$([[ $MASK == causal ]] || echo "_$MASK")
 
 tiny_data_command || exit 2
 if [[ -z $DRY_RUN ]]; then
@@ -33,14 +41,14 @@ elif ((${#TINY_PREPARE[@]})); then
     quote_command "${TINY_PREPARE[@]}"
 fi
 
-sweep_pair tiny "" "--data_dir=$TINY_DATA_DIR"
+sweep_pair tiny "$MASK_SUFFIX" "--data_dir=$TINY_DATA_DIR" ${MASK_SUFFIX:+"--wandb_group=small_study$MASK_SUFFIX"}
 sweep_end
 
 runs=()
 for name in "${SWEEP_RUNS[@]}"; do
     runs+=("$OUT_ROOT/small_study/$name")
 done
-compare=("$PYTHON" eval/compare.py "${runs[@]}" --out "$OUT_ROOT/small_study")
+compare=("$PYTHON" eval/compare.py "${runs[@]}" --out "$OUT_ROOT/small_study${MASK_SUFFIX:+/$MASK}")
 if [[ -n $DRY_RUN ]]; then
     quote_command "${compare[@]}"
 else

@@ -171,8 +171,12 @@ launch_run() {
         RUNS_FAILED+=("$name")
         return 0
     fi
-    local args=("$config" "--out_dir=$out_dir" "--wandb_run_name=$name" "--wandb_group=$SWEEP_GROUP"
-        "$@" "${PASSTHROUGH[@]}")
+    local group=$SWEEP_GROUP arg run_args=()
+    for arg in "$@"; do  # a run may have a wandb group of its own (sweep_seqlen's document-masked runs)
+        if [[ $arg == --wandb_group=* ]]; then group=${arg#--wandb_group=}; else run_args+=("$arg"); fi
+    done
+    local args=("$config" "--out_dir=$out_dir" "--wandb_run_name=$name" "--wandb_group=$group"
+        ${run_args[@]+"${run_args[@]}"} "${PASSTHROUGH[@]}")
     if [[ -n $step ]]; then
         if ((step >= max_iters)); then
             echo "# $name: skip (finished: checkpoint step $step >= max_iters $max_iters)"

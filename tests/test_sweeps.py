@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 SCRIPTS = ["sweep_lr.sh", "sweep_seqlen.sh", "sweep_sinks.sh", "sweep_sizes.sh", "sweep_optimizer.sh",
            "small_study.sh"]
 SWEEP_ENV = ("NPROC", "GPUS", "SEEDS", "OUT_ROOT", "DRY_RUN", "PYTHON", "SIZE", "SIZES", "LRS", "LENGTHS", "OPTIMIZERS",
-             "SINKS", "TOTAL_BATCH_SIZE", "TOKENS_PER_MICRO", "DATA_DIR", "INPUT", "MAX_TOKENS",
+             "SINKS", "MASKS", "TOTAL_BATCH_SIZE", "TOKENS_PER_MICRO", "DATA_DIR", "INPUT", "MAX_TOKENS",
              "CUDA_VISIBLE_DEVICES")
 PAPER_TOKENS_PER_STEP = 524_288
 
@@ -140,6 +140,29 @@ def test_seqlen_sweep_keeps_524288_tokens_per_step_and_the_micro_batch_in_memory
         check_names(cmd, out_root, "sweep_seqlen", f"{attn}_1p4b_seqlen{length}", "sweep_seqlen_1p4b")
         lengths.add((attn, length))
     assert lengths == {(a, n) for a in ("sa", "xsa") for n in (512, 1024, 2048, 4096, 8192, 16384)}
+
+
+def test_seqlen_sweep_with_both_masks_runs_each_length_under_each_named_and_grouped_by_mask(tmp_path):
+    out_root = str(tmp_path)
+    commands = dry_run("sweep_seqlen.sh", OUT_ROOT=out_root, MASKS="causal document", LENGTHS="512 4096")
+    seen = set()
+    for cmd in commands:
+        o = cmd["overrides"]
+        attn, length, mask = os.path.basename(cmd["config"]).split("_")[0], int(o["block_size"]), o["attn_mask"]
+        suffix, group = ("", "sweep_seqlen_1p4b") if mask == "causal" else ("_document", "sweep_seqlen_1p4b_document")
+        check_names(cmd, out_root, "sweep_seqlen", f"{attn}_1p4b_seqlen{length}{suffix}", group)
+        assert int(o["total_batch_size"]) == PAPER_TOKENS_PER_STEP
+        seen.add((attn, length, mask))
+    assert len(commands) == len(seen) == 8
+    assert seen == {(a, n, m) for a in ("sa", "xsa") for n in (512, 4096) for m in ("causal", "document")}
+    assert {c["overrides"]["attn_mask"] for c in dry_run("sweep_seqlen.sh", OUT_ROOT=out_root)} == {"causal"}
+
+
+def test_seqlen_sweep_refuses_an_unknown_mask_and_sets_the_mask_itself(tmp_path):
+    proc = run_sweep("sweep_seqlen.sh", check=False, DRY_RUN="1", OUT_ROOT=str(tmp_path), MASKS="causal doc")
+    assert proc.returncode == 2 and "MASKS: unknown attention mask 'doc' (causal, document)" in proc.stderr
+    proc = run_sweep("sweep_seqlen.sh", "--attn_mask=document", check=False, DRY_RUN="1", OUT_ROOT=str(tmp_path))
+    assert proc.returncode == 2 and "sets --attn_mask itself" in proc.stderr
 
 
 def test_seqlen_sweep_lets_an_explicit_activation_checkpointing_win(tmp_path):
@@ -296,6 +319,20 @@ def test_small_study_prepares_data_trains_seeds_and_compares(tmp_path):
     assert all(c["overrides"]["data_dir"] == data_dir for c in commands)
     compare = lines[-1]
     assert compare[1] == "eval/compare.py" and compare[2:8] == runs
+
+
+def test_small_study_with_the_document_mask_names_its_runs_group_and_table_apart(tmp_path):
+    data_dir = str(tmp_path / "shards")
+    commands = dry_run("small_study.sh", "--attn_mask=document", OUT_ROOT=str(tmp_path), DATA_DIR=data_dir,
+                       INPUT="/some/corpus/*.txt")
+    runs = [f"{a}_tiny_document_seed{s}" for s in (1, 2, 3) for a in ("sa", "xsa")]
+    for cmd, name in zip(commands, runs, strict=True):
+        check_names(cmd, str(tmp_path), "small_study", name, "small_study_document")
+        assert cmd["overrides"]["attn_mask"] == "document"
+    proc = run_sweep("small_study.sh", "--attn_mask=document", DRY_RUN="1", OUT_ROOT=str(tmp_path),
+                     DATA_DIR=data_dir, INPUT="/some/corpus/*.txt")
+    compare = shlex.split(proc.stdout.splitlines()[-1])
+    assert compare[1] == "eval/compare.py" and compare[-2:] == ["--out", f"{tmp_path}/small_study/document"]
 
 
 # -----------------------------------------------------------------------------
