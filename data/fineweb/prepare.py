@@ -16,6 +16,10 @@ Resumable: out_dir/manifest.json records, for every shard written, where in the 
 stream it starts and ends. Kill it at any moment and rerun it with the same arguments: it keeps
 the shards it has, skips the documents they hold without tokenizing them again, and ends with
 shards byte-identical to an uninterrupted run.
+
+At the end it writes out_dir/doc_lengths.json, the document-length statistics of all the shards (count,
+mean, median, p90, p99, and the share of the tokens in documents longer than 512 ... 16384 tokens; see
+doc_stats.py), and prints them as a table.
 """
 
 import argparse
@@ -37,6 +41,7 @@ import pyarrow.parquet as pq
 import tiktoken
 from tqdm import tqdm
 
+import doc_stats
 import exits
 import shards
 from files import DirectoryLock, DirectoryLocked, remove_temp_files, write_atomically
@@ -381,6 +386,16 @@ class ShardWriter:
         self.manifest.update(complete=True, documents=last["last_doc"] + 1, tokens=self.tokens_written)
         save_manifest(self.out_dir, self.manifest)
 
+
+def record_doc_lengths(out_dir, manifest):
+    """Write the statistics of every document in the shards and print them. From the shards themselves,
+    read again: they hold the documents of every run that wrote to out_dir, not only this one's."""
+    paths = [os.path.join(out_dir, shard["file"]) for shard in manifest["shards"]]  # in stream order
+    statistics = doc_stats.document_statistics(paths, EOT)
+    doc_stats.save(os.path.join(out_dir, doc_stats.STATS_FILE), statistics)
+    print(doc_stats.table(statistics))
+    print(f"written to {os.path.join(out_dir, doc_stats.STATS_FILE)}")
+
 # -----------------------------------------------------------------------------
 # --verify
 
@@ -449,11 +464,14 @@ def progress_bar(args, files, writer):
 
 def write_shards(args, files):
     """Tokenize the documents not yet in out_dir's shards and write the rest of the shards."""
-    remove_temp_files(args.out_dir, ("*.bin.tmp*", f"{MANIFEST}.tmp*"))  # a killed run's; never a shard
+    # a killed run's; never a shard
+    remove_temp_files(args.out_dir, ("*.bin.tmp*", f"{MANIFEST}.tmp*", f"{doc_stats.STATS_FILE}.tmp*"))
     manifest = load_manifest(args.out_dir, output_settings(args, files))
     if manifest["complete"]:
         print(f"nothing to do: {args.out_dir} is complete ({len(manifest['shards'])} shards, "
               f"{manifest['tokens']:,} tokens from {manifest['documents']:,} documents)")
+        if not os.path.exists(os.path.join(args.out_dir, doc_stats.STATS_FILE)):  # killed just before, or older
+            record_doc_lengths(args.out_dir, manifest)
         return
     if not files:
         check_hub(args.dataset, LOCAL_FILES_INSTEAD)
@@ -489,6 +507,7 @@ def write_shards(args, files):
     print(f"done: {manifest['documents']:,} documents, {manifest['tokens']:,} tokens, {len(manifest['shards'])} shards "
           f"({n_val} val + {len(manifest['shards']) - n_val} train) in {args.out_dir}; "
           f"{(manifest['tokens'] - start_tokens) / dt:,.0f} tokens/s")
+    record_doc_lengths(args.out_dir, manifest)
 
 
 def main():
