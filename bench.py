@@ -7,6 +7,11 @@ clipping, the guards' check, the optimizer update), imported, not copied.
     python bench.py --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --batch_size=4 --compile=False
 
     python bench.py config/sa_tiny.py --bench_variants=sa,xsa,xsa:xsa_gate=True
+    python bench.py config/sa_0p7b.py --block_size=8192 --batch_size=1 --attn_mask=document
+
+With --attn_mask=document the tokens hold documents of FineWeb-like lengths (log-normal, median
+--bench_doc_median tokens), and every variant also runs with the causal mask on the same tokens: the
+report adds each variant's step time ratio document / causal at equal shapes.
 
 Every variant is built from the same config and seed (differing only in its attn_type and
 overrides) and timed in alternating rounds (A, B, A, B, ...) so drifting clocks, thermals and
@@ -43,6 +48,9 @@ class Bench:
                             check=non_negative)
     bench_variants: str = key("sa,xsa", 'comma-separated variants, the first the baseline: an attn_type, then any '
                                         'overrides, e.g. "xsa:xsa_gate=True"')
+    bench_doc_median: int = key(400, "median document length of the tokens under attn_mask=document (log-normal, "
+                                     "sigma 1: mean ~660 tokens, FineWeb-like; prepare.py's doc_lengths.json has "
+                                     "your data's)", check=positive)
     profile: bool = key(False, "write a torch profiler trace per variant to bench_trace_<variant>.json")
     bench_json: str = key("", "also write the results to this JSON file")
 
@@ -56,12 +64,28 @@ def resolve(argv):
 
 def parse_variants(spec, argv):
     """{name: config} for each variant of "sa,xsa,xsa:xsa_gate=True": the command line argv, then its
-    attn_type, then its --key=value overrides, resolved and checked as the command line's are."""
+    attn_type, then its --key=value overrides, resolved and checked as the command line's are. Under a
+    document mask each variant has a causal twin, "<name>:attn_mask=causal", timed on the same tokens."""
+    names = spec.split(",")
+    if resolve(argv).attn_mask == "document":
+        names += [f"{name}:attn_mask=causal" for name in names]
     variants = {}
-    for name in spec.split(","):
+    for name in names:
         attn_type, *overrides = name.split(":")
         variants[name] = resolve(argv + [f"--attn_type={attn_type}"] + [f"--{o}" for o in overrides])
     return variants
+
+
+def with_documents(x, median, eot_token, seed=0):
+    """x (B, T) with an eot_token at the start of each document, the documents' lengths log-normal around
+    `median` tokens (sigma 1, as web pages: many short, a long tail), laid end to end across the rows."""
+    g = torch.Generator().manual_seed(seed)
+    x, position = x.clone(), 0
+    while position < x.numel():
+        x.view(-1)[position] = eot_token
+        length = torch.empty(1).log_normal_(mean=torch.tensor(median).log().item(), std=1.0, generator=g)
+        position += max(1, round(length.item()))
+    return x
 
 
 class PeakMemory:
@@ -155,6 +179,8 @@ def main():
         enable_tf32()
     vocab = min(50257, c.vocab_size)  # GPT-2's ids, or fewer for a smaller vocabulary
     x = torch.randint(0, vocab, (c.batch_size, c.block_size), device=device)
+    if c.attn_mask == "document":
+        x = with_documents(x.cpu(), c.bench_doc_median, c.eot_token).to(device)
     y = torch.randint(0, vocab, (c.batch_size, c.block_size), device=device)
     tokens_per_step = c.batch_size * c.block_size
     device_peak = peak_flops(device)
@@ -221,6 +247,11 @@ def main():
               + ("" if r["memory_ratio"] is None else f" | memory vs {baseline} {r['memory_ratio']:.4f}")
               + f" | round spread {r['spread_pct']:.1f}%"
               + (f" | {r['graphs']} graphs, {r['graph_breaks']} graph breaks" if c.compile else ""))
+    for name in results:  # each document-masked variant against its causal twin
+        if (twin := results.get(f"{name}:attn_mask=causal")) is not None:
+            results[name]["document_over_causal"] = results[name]["ms_per_step"] / twin["ms_per_step"]
+            print(f"{name}: step time document / causal {results[name]['document_over_causal']:.3f} "
+                  f"({(x == c.eot_token).sum().item()} documents in {x.numel():,} tokens)")
     print(f"sdpa backend: {backend} | XSA orthogonality |z.v|/(|v||y|) in {dtype}: mean {ortho_mean:.2e}, "
           f"max {ortho_max:.2e}")
     if c.bench_json:

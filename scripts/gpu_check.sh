@@ -6,6 +6,10 @@
 #   2. the SDPA backend its attention runs on, and XSA's orthogonality |z.v|/(|v||y|) in bf16 (bench.py)
 #   3. one compiled FSDP training run on NCCL (torchrun, one process per GPU), and a resume from its
 #      checkpoint that must reach the uninterrupted run's loss
+#   4. the document mask (FlexAttention) against the causal one at T = 2048 and 8192, the same tokens per
+#      step, FineWeb-like documents: ms/step and the ratio document / causal (bench.py --attn_mask=document)
+#   5. FlexAttention's document mask against SDPA with the same mask as a dense boolean matrix: the loss and
+#      every parameter's gradient (the CPU has no FlexAttention backward: only here is it checked)
 #
 #   bash scripts/gpu_check.sh
 #   DRY_RUN=1 bash scripts/gpu_check.sh      # every stage at toy size on the CPU, as on a machine without a GPU
@@ -26,6 +30,9 @@ if [ "${DRY_RUN:-0}" != 0 ] || [ "$(count_gpus)" -eq 0 ]; then
     fsdp_model=("${model[@]}")
     nproc=${NPROC:-2}
     fsdp_compile=False  # the compiled FSDP path at toy size is the test suite's
+    mask_lengths=(64 256)
+    mask_tokens=256
+    eot=511  # in the toy vocabulary
 else
     model=(config/sa_0p7b.py)
     system=(--device=cuda --dtype=bfloat16)
@@ -34,6 +41,9 @@ else
     fsdp_model=(config/sa_0p7b.py --n_layer=4)  # full width, fewer blocks: the path, not the size
     nproc=${NPROC:-$(count_gpus)}
     fsdp_compile=True
+    mask_lengths=(2048 8192)
+    mask_tokens=16384
+    eot=50256
 fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -66,7 +76,45 @@ mkdir -p "$OUT/fsdp_resumed"
 cp -r "$OUT/fsdp_full/ckpt_0000002" "$OUT/fsdp_resumed/"
 "${launch[@]}" "${run[@]}" --out_dir="$OUT/fsdp_resumed" --init_from=resume > "$OUT/fsdp_resumed.log" 2>&1
 
-python - "$OUT" <<'EOF'
+# 4: document mask against causal, at two lengths
+for length in "${mask_lengths[@]}"; do
+    python bench.py "${model[@]}" "${system[@]}" --block_size="$length" --batch_size=$((mask_tokens / length)) \
+        --compile="$fsdp_compile" "${timing[@]}" --bench_variants=sa,xsa --attn_mask=document --eot_token="$eot" \
+        --bench_json="$OUT/bench_document_$length.json" | tee "$OUT/bench_document_$length.log"
+done
+
+# 5: FlexAttention's gradients against the dense mask's
+python - "$OUT" "${system[@]}" <<'EOF'
+import json, os, sys
+import torch
+sys.path.insert(0, os.getcwd())
+import model as M
+device = "cuda" if "--device=cuda" in sys.argv else "cpu"
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 on both sides
+torch.manual_seed(0)
+config = M.GPTConfig(n_layer=2, n_head=8, n_kv_head=2, n_embd=256, head_dim=32, block_size=1024, attn_type="xsa",
+                     n_sinks=2, attn_mask="document")
+net = M.GPT(config).to(device)
+idx = torch.randint(0, 50257, (2, 1024), device=device)
+idx[:, torch.randint(1, 1024, (12,))] = config.eot_token
+results = {}
+for name, devices in (("flex", ("cuda",)), ("dense", ())):
+    M.FLEX_DEVICES = devices
+    net.zero_grad(set_to_none=True)
+    loss = net(idx, idx)[1]
+    loss.backward()
+    results[name] = (loss.item(), {n: p.grad.clone() for n, p in net.named_parameters()})
+(flex_loss, flex), (dense_loss, dense) = results["flex"], results["dense"]
+worst = max(((flex[n] - dense[n]).norm() / dense[n].norm()).item() for n in dense)
+report = {"device": device, "flex_used": device == "cuda", "loss_rel": abs(flex_loss - dense_loss) / dense_loss,
+          "worst_grad_rel": worst}
+json.dump(report, open(f"{sys.argv[1]}/flex_gradients.json", "w"), indent=2)
+print(f"flex vs dense document mask on {device}: loss rel {report['loss_rel']:.1e}, worst gradient rel {worst:.1e}")
+if worst > 1e-4 or report["loss_rel"] > 1e-5:
+    sys.exit("gpu_check: FlexAttention's document mask does not match the dense mask")
+EOF
+
+python - "$OUT" "${mask_lengths[@]}" <<'EOF'
 import json, os, sys
 sys.path.insert(0, os.getcwd())
 from metrics import read_metrics
@@ -95,6 +143,16 @@ lines += ["", f"- SDPA backend: {bench['True']['sdpa_backend']}",
           f"- XSA orthogonality in {first['dtype']}: mean {ortho['mean']:.2e}, max {ortho['max']:.2e}",
           f"- FSDP ({full[1]['tokens'] // 1} tokens per step): step-3 loss {full[3]['train_loss']:.4f}; resumed from "
           f"the step-2 checkpoint {resumed[3]['train_loss']:.4f} (relative difference {rel:.1e})"]
+lines += ["", "| variant | T | mask | ms/step | tokens/s | document / causal |", "|---|---|---|---|---|---|"]
+for length in sys.argv[2:]:
+    results = json.load(open(f"{out}/bench_document_{length}.json"))["results"]
+    for name in ("sa", "xsa"):
+        for mask, r in (("document", results[name]), ("causal", results[f"{name}:attn_mask=causal"])):
+            ratio = f"{r['document_over_causal']:.3f}" if mask == "document" else "-"
+            lines.append(f"| {name} | {length} | {mask} | {r['ms_per_step']:.2f} | {r['tokens_per_sec']:,.0f} | {ratio} |")
+flex = json.load(open(f"{out}/flex_gradients.json"))
+lines.append(f"\n- document mask, FlexAttention vs dense on {flex['device']}: loss rel {flex['loss_rel']:.1e}, "
+             f"worst gradient rel {flex['worst_grad_rel']:.1e}" + ("" if flex["flex_used"] else " (no FlexAttention off CUDA)"))
 table = "\n".join(lines) + "\n"
 open(f"{out}/table.md", "w").write(table)
 print(table)

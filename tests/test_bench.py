@@ -115,3 +115,39 @@ def test_gpu_check_dry_run_fills_its_table_on_the_cpu(tmp_path):
     assert resume and resume.group(1) == resume.group(2)
     assert "parallelism fsdp" in (out / "fsdp_full" / "train.log").read_text()
     assert "2 processes" in (out / "fsdp_resumed" / "train.log").read_text()
+    # the document mask against the causal one at two lengths: each ratio is its two step times'
+    masks = re.findall(r"^\| (sa|xsa) \| (\d+) \| (document|causal) \| ([\d.]+) \| [\d,]+ \| ([\d.]+|-) \|$", table, re.M)
+    assert [(r[0], r[1], r[2]) for r in masks] == [(v, t, m) for t in ("64", "256") for v in ("sa", "xsa")
+                                                   for m in ("document", "causal")]
+    for document, causal in zip(masks[::2], masks[1::2]):
+        assert float(document[4]) == pytest.approx(float(document[3]) / float(causal[3]), abs=2e-3)
+    assert "FlexAttention vs dense on cpu: loss rel 0.0e+00, worst gradient rel 0.0e+00" in table
+
+
+@pytest.mark.slow
+def test_bench_under_the_document_mask_times_each_variant_against_its_causal_twin(tmp_path):
+    args = [f"--{k}={v}" for k, v in MICRO.items()] + [
+        "--batch_size=2", "--compile=False", "--device=cpu", "--dtype=float32", "--bench_rounds=2",
+        "--bench_steps=1", "--bench_warmup=1", "--attn_mask=document", "--bench_doc_median=8",
+        f"--bench_json={tmp_path / 'bench.json'}"]
+    proc = run_script([f"{REPO}/bench.py", *args], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "bench.json").read_text())
+    results = report["results"]
+    assert list(results) == ["sa", "xsa", "sa:attn_mask=causal", "xsa:attn_mask=causal"]
+    for name in ("sa", "xsa"):
+        ratio = results[name]["ms_per_step"] / results[f"{name}:attn_mask=causal"]["ms_per_step"]
+        assert results[name]["document_over_causal"] == pytest.approx(ratio, rel=1e-9)
+        assert f"{name}: step time document / causal {ratio:.3f}" in proc.stdout
+
+
+def test_benchmark_documents_have_log_normal_lengths_around_the_median():
+    import torch
+    from bench import with_documents
+    x = torch.randint(0, 50000, (256, 1024))
+    starts = (with_documents(x, 400, 50256).view(-1) == 50256).nonzero().view(-1)
+    lengths = starts.diff().double()
+    assert starts[0] == 0 and len(lengths) > 300  # mean ~660 tokens: ~400 documents
+    assert 320 < lengths.median() < 500  # the median asked for, within 3 sampling errors (~7% each)
+    assert lengths.log().std() == pytest.approx(1.0, abs=0.2)  # sigma 1
+    assert torch.equal(with_documents(x, 400, 50256), with_documents(x, 400, 50256))  # the same tokens every time
