@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention.flex_attention import BlockMask  # noqa: E402
 
 from eval import common  # noqa: E402
 from runtime import autocast  # noqa: E402
@@ -38,17 +39,30 @@ QUANTITIES = {
 }
 
 
-def layer_stats(attn, x, cos, sin, n_sinks):
+def dense_mask(mask, B, L, device):
+    """Which keys each query sees, (B or 1, 1 or heads, L, L) booleans, from what the attention was given: None
+    (causal), a boolean mask (a document mask off CUDA), or FlexAttention's BlockMask (a document mask on
+    CUDA), whose mask_mod is evaluated at every pair."""
+    if mask is None:
+        return torch.ones(L, L, dtype=torch.bool, device=device).tril()
+    if isinstance(mask, BlockMask):
+        index = lambda n, dim: torch.arange(n, device=device).view([n if d == dim else 1 for d in range(4)])  # noqa: E731
+        return mask.mask_mod(index(B, 0), index(1, 1), index(L, 2), index(L, 3))
+    return mask
+
+
+def layer_stats(attn, x, cos, sin, n_sinks, mask=None):
     """The four quantities for one attention layer, summed over the batch's sequences (each
-    already a mean over heads and tokens). x: the layer's input (B, n_sinks + T, n_embd)."""
+    already a mean over heads and tokens). x: the layer's input (B, n_sinks + T, n_embd); mask: the
+    attention's own (None: causal)."""
     q, k, v_kv = attn.project_qkv(x.float(), cos, sin)  # q: n_head heads; k, v: n_kv_head heads (GQA)
     # query head h reads key/value head h // (n_head / n_kv_head): every quantity is per query head
     k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v_kv))  # (B, n_head, L, head_dim)
     L, D = q.shape[-2:]
     # the explicit attention matrix, the only model math repeated here: SDPA does not return a_ii
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)
-    causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
-    att = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+    seen = dense_mask(mask, x.size(0), L, x.device)
+    att = scores.masked_fill(~seen, float("-inf")).softmax(dim=-1)
     y = att @ v
     tokens = slice(n_sinks, L)  # sink positions are not tokens of the sequence
 
@@ -79,8 +93,9 @@ def similarity_stats(model, x, dtype="float32"):
     def capture(i):
         def hook(attn, inputs):
             layer_input, cos, sin = inputs[:3]  # CausalSelfAttention.forward(x, cos, sin, mask=None, cache=None)
+            mask = inputs[3] if len(inputs) > 3 else None
             with torch.autocast(device_type=layer_input.device.type, enabled=False):
-                sums[i] = layer_stats(attn, layer_input, cos, sin, model.config.n_sinks)
+                sums[i] = layer_stats(attn, layer_input, cos, sin, model.config.n_sinks, mask)
         return hook
 
     handles = [block.attn.register_forward_pre_hook(capture(i)) for i, block in enumerate(model.transformer.h)]

@@ -347,3 +347,21 @@ def test_an_unknown_attn_mask_names_the_choices():
 def test_eot_token_must_be_a_token_of_the_vocabulary():
     with pytest.raises(ValueError, match="eot_token=97 is not a token of vocab_size=97"):
         GPTConfig(**{**SMALL, "attn_mask": "document", "eot_token": 97})
+
+
+# -----------------------------------------------------------------------------
+# eval/similarity.py reads the mask the attention was given
+
+@pytest.mark.parametrize("flex", [False, True])
+def test_the_similarity_diagnostic_scores_attention_under_the_models_own_mask(flex, monkeypatch):
+    """Every token its own document (all EOT): under the document mask each query sees only itself, so a_ii
+    is 1 in every layer; under the causal mask it is not. With FlexAttention (CUDA's path) too."""
+    from eval.similarity import similarity_stats
+    if flex:
+        monkeypatch.setattr(model_module, "FLEX_DEVICES", ("cuda", "cpu"))
+    idx = torch.full((2, 16), EOT)
+    document = document_model(dtype=torch.float32, attn_type="xsa")
+    stats = similarity_stats(document, idx)
+    assert stats["a_ii"] == pytest.approx([1.0] * SMALL["n_layer"], abs=1e-6)
+    causal = similarity_stats(with_config(document, attn_mask="causal"), idx)
+    assert max(causal["a_ii"]) < 0.9

@@ -80,12 +80,13 @@ def test_data_without_the_eot_token_is_said_once_and_the_run_goes_on(paragraph_d
         assert "found no eot_token (50300)" in f.read()
 
 
-def test_two_process_fsdp_with_recomputed_blocks_matches_one_process(paragraph_data_dir, tmp_path):
+@pytest.mark.parametrize("parallelism,recompute", [("ddp", "selective"), ("fsdp", "block")])
+def test_two_processes_match_one_process(paragraph_data_dir, tmp_path, parallelism, recompute):
     """The mask is made from each process's own tokens, inside every recomputed block alike."""
     from test_fsdp import RUN, assert_same_training
-    one, fsdp = str(tmp_path / "one"), str(tmp_path / "fsdp")
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
     settings = dict(RUN, attn_type="xsa", n_sinks=1, attn_mask="document")
     run_train(micro_args(paragraph_data_dir, one, **settings))
-    run_train(micro_args(paragraph_data_dir, fsdp, parallelism="fsdp", activation_checkpointing="block", **settings),
-              nproc=2)
-    assert_same_training(fsdp, one, steps=range(1, 7))
+    run_train(micro_args(paragraph_data_dir, two, parallelism=parallelism, activation_checkpointing=recompute,
+                         **settings), nproc=2)
+    assert_same_training(two, one, steps=range(1, 7))
