@@ -12,19 +12,17 @@ import tempfile
 import warnings
 import zipfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from torch.distributed.checkpoint.api import CheckpointException
 
-from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
-
-import checkpoint  # noqa: E402
-import exits  # noqa: E402
-import checkpointer  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-from dataloader import val_sequences  # noqa: E402
-from model import GPT  # noqa: E402
-from train_config import model_config  # noqa: E402
-from runtime import DTYPES, DeviceError, pick_device, resolve_dtype  # noqa: E402
-from shards import ShardError  # noqa: E402
+import checkpoint
+import exits
+import checkpointer
+import torch.distributed.checkpoint as dcp
+from dataloader import val_sequences
+from model import GPT
+from train_config import model_config
+from runtime import DTYPES, DeviceError, pick_device, resolve_dtype
+from shards import ShardError
 
 OUT = "out/eval"  # every script's default --out
 DTYPE_HELP = "autocast dtype of the forward pass; auto: bfloat16 on GPUs that support it, else float32"

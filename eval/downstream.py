@@ -26,14 +26,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import tiktoken  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import tiktoken
+import torch
+import torch.nn.functional as F
 
-import exits  # noqa: E402
-from eval import common  # noqa: E402
-from hub_access import hub_problem  # noqa: E402
-from runtime import autocast  # noqa: E402
+import exits
+from eval import common
+from hub_access import hub_problem
+from runtime import autocast
 
 # task -> (column, headline metric), in the paper's column order
 TASKS = {

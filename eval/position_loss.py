@@ -31,13 +31,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import scipy.stats  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import scipy.stats
+import torch
+import torch.nn.functional as F
 
-from eval import common  # noqa: E402
-from model import document_segments  # noqa: E402
-from runtime import autocast  # noqa: E402
+from eval import common
+from model import document_segments
+from runtime import autocast
 
 
 @torch.no_grad()

@@ -14,12 +14,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import tiktoken  # noqa: E402
-import torch  # noqa: E402
+import tiktoken
+import torch
 
-import exits  # noqa: E402
-from eval import common  # noqa: E402
-from runtime import autocast  # noqa: E402
+import exits
+from eval import common
+from runtime import autocast
 
 
 def main():

@@ -24,12 +24,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention.flex_attention import BlockMask  # noqa: E402
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask
 
-from eval import common  # noqa: E402
-from runtime import autocast  # noqa: E402
+from eval import common
+from runtime import autocast
 
 QUANTITIES = {
     "cos_vv": "cos(v_i, v_j), i != j",

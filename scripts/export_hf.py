@@ -19,7 +19,6 @@ load in this one process. docs/export.md walks through loading it, lm-eval's hf 
 
 import argparse
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -28,11 +27,11 @@ import uuid
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import torch  # noqa: E402
+import torch
 
-import exits  # noqa: E402
-from eval import common  # noqa: E402
-from train_config import MODEL_KEYS, TRAIN_KEYS  # noqa: E402
+import exits
+from eval import common
+from train_config import MODEL_KEYS, TRAIN_KEYS
 
 CODE = {"model.py": os.path.join(REPO, "model.py"), "modeling_xsa.py": os.path.join(REPO, "scripts", "modeling_xsa.py")}
 AUTO_MAP = {"AutoConfig": "modeling_xsa.XSAConfig", "AutoModelForCausalLM": "modeling_xsa.XSAForCausalLM"}

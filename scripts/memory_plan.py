@@ -44,9 +44,9 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from dataclasses import dataclass, replace  # noqa: E402
+from dataclasses import dataclass, replace
 
-from configurator import key, non_negative, positive  # noqa: E402
+from configurator import key, non_negative, positive
 
 
 @dataclass

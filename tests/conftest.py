@@ -17,7 +17,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # six public-domain Shakespeare plays (Project Gutenberg texts), shipped with the tests
 CORPUS = sorted(glob.glob(os.path.join(REPO, "tests", "fixtures", "corpus", "*.txt")))
 
-sys.path.insert(0, REPO)
 # the GPT-2 BPE files are downloaded by tiktoken on first use; an offline machine points
 # TIKTOKEN_CACHE_DIR at a copy of them before running the tests
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -279,8 +278,7 @@ def train_run(out_dir, attn_type, data_dir):
 # -----------------------------------------------------------------------------
 # data/fineweb/prepare.py: its shards of the fixture plays, made once
 
-FINEWEB = os.path.join(REPO, "data", "fineweb")
-sys.path.append(FINEWEB)  # its scripts import their sibling modules (paragraphs), as when run
+FINEWEB = os.path.join(REPO, "data", "fineweb")  # on sys.path (pytest.ini): its scripts import their siblings
 PREPARE = os.path.join(FINEWEB, "prepare.py")
 DOWNLOAD = os.path.join(FINEWEB, "download.py")
 LOCK = ".prepare.lock"

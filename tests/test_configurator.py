@@ -187,9 +187,9 @@ def test_every_model_field_but_context_and_dropout_is_checked_on_resume():
     import train_config
     assert set(train_config.MODEL_KEYS) == {f.name for f in fields(GPTConfig)} <= set(train_config.TRAIN_KEYS)
     base = {k: train_config.TRAIN_KEYS[k].default for k in train_config.MODEL_KEYS}
-    for key in train_config.MODEL_KEYS:
-        changed = {**base, key: "another value"}
-        assert (key in architecture_mismatch(base, changed)) == (key not in ("block_size", "dropout")), key
+    for name in train_config.MODEL_KEYS:
+        changed = {**base, name: "another value"}
+        assert (name in architecture_mismatch(base, changed)) == (name not in ("block_size", "dropout")), name
 
 
 def test_a_checkpoint_older_than_a_model_key_has_its_default():

@@ -340,7 +340,6 @@ def test_activation_checkpointing_lowers_measured_peak(measured):
 
 def test_memory_plan_for_the_paper_configs():
     """Sharding and recomputation lower the planned memory per GPU of the 2.7B model on 8 GPUs."""
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
     import memory_plan
     from dataclasses import replace
     from train_config import resolve

@@ -439,5 +439,5 @@ def test_a_run_that_fails_for_good_is_reported_and_skipped_by_the_rerun(tmp_path
     again = run_sweep("sweep_lr.sh", *micro, check=False, OUT_ROOT=out_root, SIZE="tiny", LRS="1e-3")
     assert again.returncode == 1 and "0 started" in again.stdout and not re.search(r"^\+ ", again.stdout, re.M)
     status_file = os.path.join(out_root, "sweep_lr", "sa_tiny_lr1e-3", "exit_status")
-    assert f"# sa_tiny_lr1e-3: skip (its last launch stopped with exit status 3" in again.stdout
+    assert "# sa_tiny_lr1e-3: skip (its last launch stopped with exit status 3" in again.stdout
     assert f"delete {status_file} to run it again" in again.stdout
