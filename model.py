@@ -14,6 +14,7 @@ within documents only (attn_mask="document").
 """
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -76,6 +77,9 @@ class GPTConfig:
             raise ValueError(f"attn_mask must be one of {ATTN_MASKS}, got {self.attn_mask!r}")
         if self.attn_mask == "document" and not 0 <= self.eot_token < self.vocab_size:
             raise ValueError(f"eot_token={self.eot_token} is not a token of vocab_size={self.vocab_size}")
+        if self.attn_mask == "document" and self.dropout:
+            warnings.warn("attn_mask='document' with dropout trains with a dense (T x T) mask on every device "
+                          "(FlexAttention has no dropout): its memory grows with the square of block_size")
         if self.head_dim is None:
             if self.n_embd % self.n_head:
                 raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; set head_dim")
@@ -210,8 +214,11 @@ def apply_rope(x, cos, sin):
 # -----------------------------------------------------------------------------
 # Attention within documents
 
-# fused kernels need FlexAttention compiled; inside a compiled model this is traced as part of its graph
-compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+# fused kernels need FlexAttention compiled; inside a compiled model both are traced as part of its graph.
+# Outside one, a second shape (evaluation batches, prompts) recompiles once, with dynamic shapes, not per
+# shape; and the block mask is computed block by block, not as a (B, L, L) tensor first
+compiled_flex_attention = torch.compile(flex_attention)
+compiled_create_block_mask = torch.compile(create_block_mask)
 
 
 def document_segments(tokens, valid, eot_token):
@@ -230,7 +237,7 @@ def document_block_mask(segments, n_sinks):
     def within_document(b, h, q, k):
         return (k <= q) & ((k < n_sinks) | (segments[b, q] == segments[b, k]))
     B, L = segments.shape
-    return create_block_mask(within_document, B, None, L, L, device=segments.device)
+    return compiled_create_block_mask(within_document, B, None, L, L, device=segments.device)
 
 
 # -----------------------------------------------------------------------------
@@ -433,7 +440,12 @@ class GPT(nn.Module):
             return cos, sin, (keys <= keys[past:, None]).view(1, 1, new, past + new)
         tokens = idx
         if document and cache is not None:  # the document a new token is in may have begun earlier
-            tokens = idx if past == 0 else torch.cat((cache.tokens, idx), dim=1)
+            if past:  # the cached positions' tokens (a cache cropped since, by assisted decoding, holds fewer)
+                history = getattr(cache, "tokens", None)
+                if history is None or history.size(0) != B or history.size(1) < past - S:
+                    raise ValueError("a document mask needs the token ids of the cached positions in cache.tokens, "
+                                     "row for row (a cache whose rows were reordered must reorder them too)")
+                tokens = torch.cat((history[:, :past - S], idx), dim=1)
             cache.tokens = tokens
         valid = (attention_mask.bool() if attention_mask is not None
                  else torch.ones(B, past - S + new, dtype=torch.bool, device=idx.device))

@@ -20,7 +20,8 @@ it is conditioned on (1: the document's first token, its end-of-text, predicting
 first tokens start a document, as the document mask sees them), in log-spaced buckets 1-63, 64-255,
 256-1023, ... up to the block size, with each bucket's token and document counts. With two or more models,
 each one's difference from the first per bucket, with a 95% interval over documents (each document's tokens
-vary together: the interval treats a document, not a token, as one draw): does XSA's gain grow deeper into
+vary together: the interval treats a document, not a token, as one draw, the pieces of a document that two
+windows cut counted as one): does XSA's gain grow deeper into
 long documents?
 """
 
@@ -77,12 +78,13 @@ def bucket_losses(per_position, n_buckets, boundary=None):
 # by position within the document
 
 def document_positions(x, eot_token):
-    """For the input tokens x (N, T): each token's position within its document, counted from 1 (the tokens
-    of its document it is conditioned on), and a document id unique over all N windows. Documents start at
-    each eot_token and at each window's first token (model.document_segments, as the document mask)."""
-    segments, positions = document_segments(x, torch.ones_like(x, dtype=torch.bool), eot_token)
-    window = torch.arange(x.size(0), device=x.device)[:, None]
-    return positions + 1, window * (x.size(1) + 1) + segments
+    """For the input tokens x (N, T), consecutive windows of one token stream: each token's position within
+    its document, counted from 1 (the tokens of its document it is conditioned on), and its document's id.
+    Positions restart at each eot_token and at each window's first token (model.document_segments, as the
+    document mask sees them); ids are the stream's, so a document cut by a window's end is one document
+    for the interval, whose pieces rise and fall together."""
+    _, positions = document_segments(x, torch.ones_like(x, dtype=torch.bool), eot_token)
+    return positions + 1, (x.flatten() == eot_token).long().cumsum(dim=0).view_as(x)
 
 
 def log_buckets(block_size):

@@ -65,6 +65,14 @@ class XSAForCausalLM(PreTrainedModel, GenerationMixin):
         if isinstance(module, GPT):
             module.set_rope_tables()
 
+    def _reorder_cache(self, cache, beam_idx):
+        """Beam search: the cache's rows follow the beams, and so do the token ids a document mask reads
+        (cache.tokens, which transformers' reorder_cache does not know)."""
+        cache.reorder_cache(beam_idx)
+        if getattr(cache, "tokens", None) is not None:
+            cache.tokens = cache.tokens.index_select(0, beam_idx.to(cache.tokens.device))
+        return cache
+
     def get_input_embeddings(self):
         return self.gpt.transformer.wte
 

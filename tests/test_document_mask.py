@@ -202,8 +202,14 @@ def test_dense_document_mask_equals_a_written_out_softmax_in_logits_and_gradient
 
 @pytest.fixture
 def flex_on_cpu(monkeypatch):
-    """Document masks as FlexAttention on the CPU too, as on CUDA (forward only: it has no CPU backward)."""
+    """Document masks as FlexAttention on the CPU too, as on CUDA (forward only: it has no CPU backward).
+    Compiled for static shapes: inductor's C++ template of FlexAttention fails to compile with dynamic ones
+    (torch 2.13), which CUDA's Triton template takes."""
     monkeypatch.setattr(model_module, "FLEX_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(model_module, "compiled_flex_attention",
+                        torch.compile(model_module.flex_attention, dynamic=False))
+    monkeypatch.setattr(model_module, "compiled_create_block_mask",
+                        torch.compile(model_module.create_block_mask, dynamic=False))
     import torch._dynamo as dynamo
     dynamo.reset()
     yield
@@ -344,6 +350,11 @@ def test_an_unknown_attn_mask_names_the_choices():
         GPTConfig(**{**SMALL, "attn_mask": "doc"})
 
 
+def test_dropout_under_the_document_mask_warns_of_the_dense_mask():
+    with pytest.warns(UserWarning, match="dense"):
+        GPTConfig(**{**SMALL, "attn_mask": "document", "dropout": 0.1})
+
+
 def test_eot_token_must_be_a_token_of_the_vocabulary():
     with pytest.raises(ValueError, match="eot_token=97 is not a token of vocab_size=97"):
         GPTConfig(**{**SMALL, "attn_mask": "document", "eot_token": 97})
@@ -365,3 +376,19 @@ def test_the_similarity_diagnostic_scores_attention_under_the_models_own_mask(fl
     assert stats["a_ii"] == pytest.approx([1.0] * SMALL["n_layer"], abs=1e-6)
     causal = similarity_stats(with_config(document, attn_mask="causal"), idx)
     assert max(causal["a_ii"]) < 0.9
+
+
+# -----------------------------------------------------------------------------
+# FlexAttention outside a compiled model: generation, and shapes that change
+
+def test_flex_prefill_then_cached_decoding_equals_the_full_forward(flex_on_cpu):
+    """On CUDA a prompt runs through FlexAttention and the cached tokens after it through the dense mask."""
+    model = document_model(dtype=torch.float32, attn_type="xsa", n_sinks=2, n_kv_head=2)
+    idx = torch.cat(documents([5, 7], seed=4))[None]
+    with torch.no_grad():
+        cached = model.generate(idx, 10, temperature=0, use_cache=True)
+        model_module.FLEX_DEVICES = ("cuda",)  # the reference: the dense mask's full forward (flex == dense above)
+        reference = idx
+        for _ in range(10):
+            reference = torch.cat((reference, model(reference)[0][:, -1:].argmax(-1)), dim=1)
+    assert torch.equal(cached, reference)

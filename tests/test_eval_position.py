@@ -187,11 +187,12 @@ def test_loss_by_position_in_document_on_a_constructed_case():
     n_windows = (len(stream) - 1) // T
     x = torch.tensor([stream[i * T:(i + 1) * T] for i in range(n_windows)])
     y = torch.tensor([stream[i * T + 1:(i + 1) * T + 1] for i in range(n_windows)])
-    expected = {}  # bucket -> (losses, documents)
+    expected = {}  # bucket -> (losses, documents: the stream's, a document two windows cut is one)
+    doc = 0
     for w in range(n_windows):
-        p, doc = 0, 0
+        p = 0
         for t in range(T):
-            if t > 0 and x[w, t] == EOT:
+            if x[w, t] == EOT:
                 p, doc = 0, doc + 1
             elif t > 0:
                 p += 1
@@ -200,7 +201,7 @@ def test_loss_by_position_in_document_on_a_constructed_case():
             bucket = (1, 63) if p + 1 <= 63 else (64, T)
             losses, docs = expected.setdefault(bucket, ([], set()))
             losses.append(loss)
-            docs.add((w, doc))
+            docs.add(doc)
     assert log_buckets(T) == [(1, 63), (64, 96)]
     losses = token_losses(PositionInDocumentModel(), x, y, batch_size=3)
     positions, documents = document_positions(x, EOT)
@@ -241,7 +242,7 @@ def test_the_difference_interval_treats_a_document_as_one_draw():
 
 
 @pytest.mark.slow
-def test_cli_by_document_reports_buckets_counts_and_intervals(trained_runs, tmp_path):
+def test_cli_by_document_reports_buckets_counts_and_intervals(trained_runs, data_dir, tmp_path):
     proc, report = run_eval("position_loss.py", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
                             "--by", "document", "--num_sequences", "8", "--device", "cpu", out=tmp_path)
     T = MICRO["block_size"]
@@ -253,6 +254,14 @@ def test_cli_by_document_reports_buckets_counts_and_intervals(trained_runs, tmp_
         assert buckets[0]["loss"] == pytest.approx(report["models"][label]["mean"], rel=1e-12)
     difference, = report["models"]["XSA"]["differences"]
     assert difference["difference"] == pytest.approx(report["models"]["XSA"]["mean"] - report["models"]["SA"]["mean"])
-    assert difference["ci"][0] < difference["difference"] < difference["ci"][1]
+    # the fixture's val tokens: whole plays, so the 8 windows hold the end of one and maybe the start of the next
+    x, _ = val_sequences(data_dir, T, 8 * T)
+    tokens = x.flatten().tolist()
+    documents = tokens.count(50256) + (tokens[0] != 50256)
+    assert difference["documents"] == documents
+    if documents > 1:
+        assert difference["ci"][0] < difference["difference"] < difference["ci"][1]
+    else:  # one document is one draw: no interval
+        assert difference["ci"] is None and "[" not in proc.stdout.splitlines()[-3]
     assert "| position in document | tokens | documents | SA | XSA | XSA - SA [95% CI] |" in proc.stdout
     assert (tmp_path / "position_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

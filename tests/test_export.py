@@ -95,6 +95,26 @@ def test_transformers_greedy_generate_with_the_cache_equals_without_and_the_full
             assert cached[row, width:].tolist() == uncached[row, width:].tolist() == reference[0, len(prompt):].tolist()
 
 
+@pytest.mark.parametrize("variant", ["document", "document_xsa_sinks_gqa"])
+def test_beam_search_and_prompt_lookup_keep_the_document_masks_token_history_with_the_cache(exports, variant):
+    """transformers reorders the cache's rows after each beam step and crops it in assisted decoding; the token
+    ids a document mask splits (cache.tokens) must follow, or the cached search decodes other text."""
+    folder, _ = exports[variant]
+    exported = load_export(folder)
+    torch.manual_seed(3)
+    ids = with_documents(torch.randint(0, 50257, (2, 9)))
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=50256)
+    with torch.no_grad():
+        cached = exported.generate(ids, use_cache=True, num_beams=3, **kwargs)
+        uncached = exported.generate(ids, use_cache=False, num_beams=3, **kwargs)
+        assert cached.tolist() == uncached.tolist()
+        # prompt lookup (one sequence, cache only) guesses tokens and crops the cache where a guess was wrong:
+        # what it decodes is greedy decoding's, which the uncached greedy search gives
+        greedy = exported.generate(ids[:1], use_cache=False, **kwargs)
+        looked_up = exported.generate(ids[:1], use_cache=True, prompt_lookup_num_tokens=2, **kwargs)
+        assert looked_up.tolist() == greedy.tolist()
+
+
 def test_the_folder_holds_what_transformers_and_a_hub_page_expect(exports):
     folder, model = exports["sinks"]
     config = json.load(open(os.path.join(folder, "config.json")))

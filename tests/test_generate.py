@@ -74,14 +74,15 @@ def test_logits_position_by_position_through_the_cache_equal_the_full_forward(va
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_a_left_padded_batch_computes_each_sequence_as_alone(variant):
+@pytest.mark.parametrize("pad", [0, EOT])  # padding with the end-of-text token (as transformers' exports do)
+def test_a_left_padded_batch_computes_each_sequence_as_alone(variant, pad):
     """Padding is never attended to and positions count tokens only (the sinks in front): each row's
     logits equal those of its tokens run alone, in the prefill and through the cache."""
     model = decisive_model(**VARIANTS[variant])
     torch.manual_seed(1)
     prompts = [with_documents(torch.randint(0, 97, (n,))) for n in (7, 3, 5)]
     width = max(len(p) for p in prompts)
-    idx = torch.zeros(3, width, dtype=torch.long)
+    idx = torch.full((3, width), pad)
     mask = torch.zeros(3, width, dtype=torch.long)
     for i, p in enumerate(prompts):
         idx[i, width - len(p):], mask[i, width - len(p):] = p, 1
