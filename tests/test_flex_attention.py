@@ -1,0 +1,68 @@
+"""FlexAttention, the document mask's kernel on CUDA, run on the CPU (forward only: it has no CPU backward there):
+equal to the dense mask, one graph under torch.compile, and a FlexAttention prefill continued by cached decoding.
+Each variant compiles FlexAttention's kernels anew, seconds on the CPU: a file of its own, so that pytest-xdist
+runs it beside the rest."""
+
+import pytest
+import torch
+
+import model as model_module
+from test_document_mask import COMPILE_VARIANTS, VARIANTS, document_model, documents, explain, packed_batch
+
+
+def use_flex_on_cpu(monkeypatch, backend):
+    """Document masks as FlexAttention on the CPU too, as on CUDA (forward only: it has no CPU backward), its
+    two compiled functions compiled by `backend`: "eager" traces them as CUDA's Triton kernels are traced,
+    in a second; "inductor" also builds its C++ kernels, in many (and for static shapes: its C++ template of
+    FlexAttention fails to compile with dynamic ones in torch 2.13, which CUDA's Triton template takes)."""
+    import torch._dynamo as dynamo
+    monkeypatch.setattr(model_module, "FLEX_DEVICES", ("cuda", "cpu"))
+    for name, function in (("compiled_flex_attention", model_module.flex_attention),
+                           ("compiled_create_block_mask", model_module.create_block_mask)):
+        monkeypatch.setattr(model_module, name, torch.compile(function, backend=backend, dynamic=False))
+    dynamo.reset()
+
+
+@pytest.fixture
+def flex_on_cpu(monkeypatch):
+    use_flex_on_cpu(monkeypatch, "eager")
+    yield
+    import torch._dynamo as dynamo
+    dynamo.reset()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_flex_attention_equals_the_dense_mask(variant, backend, monkeypatch):
+    use_flex_on_cpu(monkeypatch, backend)
+    model = document_model(dtype=torch.float32, **VARIANTS[variant])
+    idx = packed_batch()
+    with torch.no_grad():
+        cos, sin, block_mask = model.positions(idx, 0, model.config.n_sinks)
+        assert isinstance(block_mask, model_module.BlockMask)
+        flex = model(idx)[0]
+        model_module.FLEX_DEVICES = ("cuda",)
+        dense = model(idx)[0]
+    torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["xsa", "sinks"])
+def test_the_flex_attention_path_traces_as_one_graph_without_a_break(variant, flex_on_cpu):
+    """The block mask is made inside the model's graph, as on CUDA (forward only here: no CPU backward)."""
+    model = document_model(dtype=torch.float32, **COMPILE_VARIANTS[variant])
+    with torch.no_grad():
+        explained = explain(model, packed_batch())
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_flex_prefill_then_cached_decoding_equals_the_full_forward(flex_on_cpu):
+    """On CUDA a prompt runs through FlexAttention and the cached tokens after it through the dense mask."""
+    model = document_model(dtype=torch.float32, attn_type="xsa", n_sinks=2, n_kv_head=2)
+    idx = torch.cat(documents([5, 7], seed=4))[None]
+    with torch.no_grad():
+        cached = model.generate(idx, 10, temperature=0, use_cache=True)
+        model_module.FLEX_DEVICES = ("cuda",)  # the reference: the dense mask's full forward (flex == dense above)
+        reference = idx
+        for _ in range(10):
+            reference = torch.cat((reference, model(reference)[0][:, -1:].argmax(-1)), dim=1)
+    assert torch.equal(cached, reference)
