@@ -30,9 +30,10 @@ if [ "${DRY_RUN:-0}" != 0 ] || [ "$(count_gpus)" -eq 0 ]; then
     fsdp_model=("${model[@]}")
     nproc=${NPROC:-2}
     fsdp_compile=False  # the compiled FSDP path at toy size is the test suite's
-    mask_lengths=(64 256)
-    mask_tokens=256
+    mask_lengths=(32 64)
+    mask_tokens=128
     eot=511  # in the toy vocabulary
+    flex_check=(128 32)  # stage 5's length and head widths: on the CPU both sides are the dense mask
 else
     model=(config/sa_0p7b.py)
     system=(--device=cuda --dtype=bfloat16)
@@ -44,6 +45,7 @@ else
     mask_lengths=(2048 8192)
     mask_tokens=16384
     eot=50256
+    flex_check=(1024 32 128 256)  # the paper's sizes have heads of 128 (1.4B, 2.7B) and 256 (0.7B)
 fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -84,21 +86,22 @@ for length in "${mask_lengths[@]}"; do
 done
 
 # 5: FlexAttention's gradients against the dense mask's
-python - "$OUT" "${system[@]}" <<'EOF'
+python - "$OUT" "${system[0]#--device=}" "${flex_check[@]}" <<'EOF'
 import json, os, sys
 import torch
 sys.path.insert(0, os.getcwd())
 import model as M
-device = "cuda" if "--device=cuda" in sys.argv else "cpu"
+device = sys.argv[2]
+length, head_dims = int(sys.argv[3]), [int(d) for d in sys.argv[4:]]
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # float32 on both sides
 loss_rel, worst = 0.0, 0.0
-for head_dim in (32, 128, 256):  # the paper's sizes have heads of 128 (1.4B, 2.7B) and 256 (0.7B)
+for head_dim in head_dims:
     torch.manual_seed(0)
-    config = M.GPTConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=256, head_dim=head_dim, block_size=1024,
+    config = M.GPTConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=256, head_dim=head_dim, block_size=length,
                          attn_type="xsa", n_sinks=2, attn_mask="document")
     net = M.GPT(config).to(device)
-    idx = torch.randint(0, 50257, (2, 1024), device=device)
-    idx[:, torch.randint(1, 1024, (12,))] = config.eot_token
+    idx = torch.randint(0, 50257, (2, length), device=device)
+    idx[:, torch.randint(1, length, (12,))] = config.eot_token
     results = {}
     for name, devices in (("flex", ("cuda",)), ("dense", ())):
         M.FLEX_DEVICES = devices

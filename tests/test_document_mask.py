@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import model as model_module
 from model import GPT, GPTConfig, document_segments, exclude_self_reference
 
 EOT = 7
@@ -325,13 +324,14 @@ def test_eot_token_must_be_a_token_of_the_vocabulary():
 # -----------------------------------------------------------------------------
 # eval/similarity.py reads the mask the attention was given
 
-@pytest.mark.parametrize("flex", [False, pytest.param(True, marks=pytest.mark.slow)])
-def test_the_similarity_diagnostic_scores_attention_under_the_models_own_mask(flex, monkeypatch):
+def test_the_similarity_diagnostic_scores_attention_under_the_models_own_mask():
     """Every token its own document (all EOT): under the document mask each query sees only itself, so a_ii
-    is 1 in every layer; under the causal mask it is not. With FlexAttention (CUDA's path) too."""
+    is 1 in every layer; under the causal mask it is not. (FlexAttention's block mask: test_flex_attention.py.)"""
+    assert_similarity_reads_the_document_mask()
+
+
+def assert_similarity_reads_the_document_mask():
     from eval.similarity import similarity_stats
-    if flex:
-        monkeypatch.setattr(model_module, "FLEX_DEVICES", ("cuda", "cpu"))
     idx = torch.full((2, 16), EOT)
     document = document_model(dtype=torch.float32, attn_type="xsa")
     stats = similarity_stats(document, idx)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import model as model_module
-from test_document_mask import COMPILE_VARIANTS, VARIANTS, document_model, documents, explain, packed_batch
+from test_document_mask import (COMPILE_VARIANTS, VARIANTS, assert_similarity_reads_the_document_mask, document_model,
+                                documents, explain, packed_batch)
 
 
 def use_flex_on_cpu(monkeypatch, backend):
@@ -31,8 +32,8 @@ def flex_on_cpu(monkeypatch):
     dynamo.reset()
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("variant,backend", [(v, "eager") for v in VARIANTS] + [
+    pytest.param(v, "inductor", marks=pytest.mark.slow) for v in ("xsa_sinks", "gated_gqa")])
 def test_flex_attention_equals_the_dense_mask(variant, backend, monkeypatch):
     use_flex_on_cpu(monkeypatch, backend)
     model = document_model(dtype=torch.float32, **VARIANTS[variant])
@@ -66,3 +67,7 @@ def test_flex_prefill_then_cached_decoding_equals_the_full_forward(flex_on_cpu):
         for _ in range(10):
             reference = torch.cat((reference, model(reference)[0][:, -1:].argmax(-1)), dim=1)
     assert torch.equal(cached, reference)
+
+
+def test_the_similarity_diagnostic_evaluates_flex_attentions_block_mask(flex_on_cpu):
+    assert_similarity_reads_the_document_mask()

@@ -39,9 +39,11 @@ def run_sweep(script, *args, check=True, timeout=HANG_GUARD_S, **env):
     return proc
 
 
-def dry_run(script, *args, **env):
-    """The train.py launches a sweep would make: [{"env", "launcher", "config", "args", "overrides"}]."""
-    out = run_sweep(script, *args, DRY_RUN="1", **env).stdout
+def dry_run(script, *args, with_output=False, **env):
+    """The train.py launches a sweep would make: [{"env", "launcher", "config", "args", "overrides"}] (and the
+    sweep's whole Result, with_output)."""
+    proc = run_sweep(script, *args, DRY_RUN="1", **env)
+    out = proc.stdout
     commands = []
     for line in out.splitlines():
         if line.startswith("#") or not line.strip():
@@ -58,7 +60,7 @@ def dry_run(script, *args, **env):
         overrides = dict(a[2:].split("=", 1) for a in args)  # the last value of a key wins, as in train.py
         commands.append({"env": prefix, "launcher": words[:at + 1], "config": words[at + 1], "args": args,
                          "overrides": overrides})
-    return commands
+    return (commands, proc) if with_output else commands
 
 
 def config_value(config_file, key):
@@ -138,6 +140,7 @@ def test_seqlen_sweep_keeps_524288_tokens_per_step_and_the_micro_batch_in_memory
         attn = os.path.basename(cmd["config"]).split("_")[0]
         assert cmd["config"] == f"config/{attn}_1p4b.py"
         check_names(cmd, out_root, "sweep_seqlen", f"{attn}_1p4b_seqlen{length}", "sweep_seqlen_1p4b")
+        assert o["attn_mask"] == "causal"  # MASKS' default
         lengths.add((attn, length))
     assert lengths == {(a, n) for a in ("sa", "xsa") for n in (512, 1024, 2048, 4096, 8192, 16384)}
 
@@ -155,7 +158,6 @@ def test_seqlen_sweep_with_both_masks_runs_each_length_under_each_named_and_grou
         seen.add((attn, length, mask))
     assert len(commands) == len(seen) == 8
     assert seen == {(a, n, m) for a in ("sa", "xsa") for n in (512, 4096) for m in ("causal", "document")}
-    assert {c["overrides"]["attn_mask"] for c in dry_run("sweep_seqlen.sh", OUT_ROOT=out_root)} == {"causal"}
 
 
 def test_seqlen_sweep_refuses_an_unknown_mask_and_sets_the_mask_itself(tmp_path):
@@ -323,14 +325,12 @@ def test_small_study_prepares_data_trains_seeds_and_compares(tmp_path):
 
 def test_small_study_with_the_document_mask_names_its_runs_group_and_table_apart(tmp_path):
     data_dir = str(tmp_path / "shards")
-    commands = dry_run("small_study.sh", "--attn_mask=document", OUT_ROOT=str(tmp_path), DATA_DIR=data_dir,
-                       INPUT="/some/corpus/*.txt")
+    commands, proc = dry_run("small_study.sh", "--attn_mask=document", OUT_ROOT=str(tmp_path), DATA_DIR=data_dir,
+                             INPUT="/some/corpus/*.txt", with_output=True)
     runs = [f"{a}_tiny_document_seed{s}" for s in (1, 2, 3) for a in ("sa", "xsa")]
     for cmd, name in zip(commands, runs, strict=True):
         check_names(cmd, str(tmp_path), "small_study", name, "small_study_document")
         assert cmd["overrides"]["attn_mask"] == "document"
-    proc = run_sweep("small_study.sh", "--attn_mask=document", DRY_RUN="1", OUT_ROOT=str(tmp_path),
-                     DATA_DIR=data_dir, INPUT="/some/corpus/*.txt")
     compare = shlex.split(proc.stdout.splitlines()[-1])
     assert compare[1] == "eval/compare.py" and compare[-2:] == ["--out", f"{tmp_path}/small_study/document"]
 
