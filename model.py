@@ -214,11 +214,20 @@ def apply_rope(x, cos, sin):
 # -----------------------------------------------------------------------------
 # Attention within documents
 
-# fused kernels need FlexAttention compiled; inside a compiled model both are traced as part of its graph.
-# Outside one, a second shape (evaluation batches, prompts) recompiles once, with dynamic shapes, not per
-# shape; and the block mask is computed block by block, not as a (B, L, L) tensor first
-compiled_flex_attention = torch.compile(flex_attention)
-compiled_create_block_mask = torch.compile(create_block_mask)
+_compiled_flex = None  # (flex_attention, create_block_mask) compiled, once first needed
+
+
+def flex_functions():
+    """FlexAttention and its block-mask builder. Inside a compiled model, the model's graph holds them. Outside
+    one, fused kernels need them compiled on their own: done on first use, so that importing model.py stays
+    free of torch.compile's cost; with dynamic shapes, so that a second shape (evaluation batches, prompts)
+    compiles once more, not once per shape, and no (B, L, L) mask is ever built."""
+    global _compiled_flex
+    if torch.compiler.is_compiling():
+        return flex_attention, create_block_mask
+    if _compiled_flex is None:
+        _compiled_flex = (torch.compile(flex_attention), torch.compile(create_block_mask))
+    return _compiled_flex
 
 
 def document_segments(tokens, valid, eot_token):
@@ -237,7 +246,7 @@ def document_block_mask(segments, n_sinks):
     def within_document(b, h, q, k):
         return (k <= q) & ((k < n_sinks) | (segments[b, q] == segments[b, k]))
     B, L = segments.shape
-    return compiled_create_block_mask(within_document, B, None, L, L, device=segments.device)
+    return flex_functions()[1](within_document, B, None, L, L, device=segments.device)
 
 
 # -----------------------------------------------------------------------------
@@ -316,7 +325,7 @@ class CausalSelfAttention(nn.Module):
         keys, values = (k, v) if cache is None else cache.update(k, v, self.layer_idx)
         gqa = self.n_kv_head != self.n_head
         if isinstance(mask, BlockMask):
-            y = compiled_flex_attention(q, keys, values, block_mask=mask, enable_gqa=gqa)
+            y = flex_functions()[0](q, keys, values, block_mask=mask, enable_gqa=gqa)
         else:
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None,
                                                enable_gqa=gqa, dropout_p=self.dropout if self.training else 0.0)

@@ -18,9 +18,9 @@ def use_flex_on_cpu(monkeypatch, backend):
     FlexAttention fails to compile with dynamic ones in torch 2.13, which CUDA's Triton template takes)."""
     import torch._dynamo as dynamo
     monkeypatch.setattr(model_module, "FLEX_DEVICES", ("cuda", "cpu"))
-    for name, function in (("compiled_flex_attention", model_module.flex_attention),
-                           ("compiled_create_block_mask", model_module.create_block_mask)):
-        monkeypatch.setattr(model_module, name, torch.compile(function, backend=backend, dynamic=False))
+    monkeypatch.setattr(model_module, "_compiled_flex", tuple(
+        torch.compile(function, backend=backend, dynamic=False)
+        for function in (model_module.flex_attention, model_module.create_block_mask)))
     dynamo.reset()
 
 
