@@ -62,12 +62,13 @@ def resolve(argv):
     return train_config.resolve(argv, config_class=BenchConfig, prog="bench.py")[0]
 
 
-def parse_variants(spec, argv):
-    """{name: config} for each variant of "sa,xsa,xsa:xsa_gate=True": the command line argv, then its
+def parse_variants(c, argv):
+    """{name: config} for each variant of c.bench_variants ("sa,xsa,xsa:xsa_gate=True"), c being argv resolved:
+    the command line argv, then its
     attn_type, then its --key=value overrides, resolved and checked as the command line's are. Under a
     document mask each variant has a causal twin, "<name>:attn_mask=causal", timed on the same tokens."""
-    names = spec.split(",")
-    if resolve(argv).attn_mask == "document":
+    names = c.bench_variants.split(",")
+    if c.attn_mask == "document":
         names += [f"{name}:attn_mask=causal" for name in names]
     variants = {}
     for name in names:
@@ -167,7 +168,7 @@ def main():
     argv = sys.argv[1:]
     try:
         c = resolve(argv)
-        variants = parse_variants(c.bench_variants, argv)
+        variants = parse_variants(c, argv)
         device = pick_device(c.device)
     except (ConfigError, DeviceError) as e:
         print(f"config error: {e}", file=sys.stderr)

@@ -122,7 +122,7 @@ def difference_by_document(losses, reference, positions, documents, buckets, con
             rows.append({"start": first, "end": last + 1, "difference": None, "ci": None, "documents": 0})
             continue
         sums = torch.zeros(J, dtype=torch.float64).index_add_(0, index, (losses - reference)[inside])
-        counts = torch.zeros(J, dtype=torch.float64).index_add_(0, index, torch.ones_like(sums[index]))
+        counts = torch.bincount(index, minlength=J).double()
         mean = (sums.sum() / counts.sum()).item()
         ci = None
         if J > 1:
@@ -266,6 +266,7 @@ def main():
     out = common.output_dir(args.out)
 
     results, x, y, first_losses = {}, None, None, None
+    by_document = args.by == "document"
     for label, path in checkpoints.items():
         model, config = common.load(path, device)
         extend = args.extend_context or bool(args.block_size and args.block_size[0] == "x")
@@ -285,7 +286,7 @@ def main():
         trained = config["block_size"]
         losses = token_losses(model, x, y, args.batch_size, dtype, args.quiet, label)
         model.to("cpu")
-        if args.by == "document":
+        if by_document:
             if first_losses is None:  # the first model's end-of-text token splits the documents for all
                 eot_token = config.get("eot_token", 50256)
                 positions, documents = document_positions(x.cpu(), eot_token)
@@ -297,22 +298,19 @@ def main():
             if len(results) > 1:
                 results[label]["differences"] = difference_by_document(losses, first_losses, positions, documents,
                                                                        buckets)
-            print(f"{label}: {path}, mean validation loss {results[label]['mean']:.4f} "
-                  f"over {len(x)} sequences of {x.size(1)} tokens from {data_dir}", flush=True)
-            continue
-        per_position = losses.mean(dim=0)
-        past = trained < block_size
-        results[label] = {"checkpoint": path, "attn_type": config["attn_type"], "trained_block_size": trained,
-                          "mean": per_position.mean().item(),
-                          "inside": per_position[:trained].mean().item() if past else None,
-                          "beyond": per_position[trained:].mean().item() if past else None,
-                          "buckets": bucket_losses(per_position, args.buckets,
-                                                   results[next(iter(results))]["trained_block_size"]
-                                                   if results else trained),
-                          "per_position": per_position.tolist()}
+        else:
+            per_position = losses.mean(dim=0)
+            past = trained < block_size
+            results[label] = {"checkpoint": path, "attn_type": config["attn_type"], "trained_block_size": trained,
+                              "mean": per_position.mean().item(),
+                              "inside": per_position[:trained].mean().item() if past else None,
+                              "beyond": per_position[trained:].mean().item() if past else None,
+                              "buckets": bucket_losses(per_position, args.buckets,
+                                                       results[next(iter(results))]["trained_block_size"]
+                                                       if results else trained),
+                              "per_position": per_position.tolist()}
         print(f"{label}: {path}, mean validation loss {results[label]['mean']:.4f} "
               f"over {len(x)} sequences of {x.size(1)} tokens from {data_dir}", flush=True)
-    by_document = args.by == "document"
     table = format_document_table(results) if by_document else format_table(results)
     print(table)
 
