@@ -76,8 +76,12 @@ restarts=0
 resume=()
 while [[ -z $stop_signal ]]; do
     status_file=$(mktemp "${TMPDIR:-/tmp}/train_exit_status.XXXXXX")
-    # setsid: Ctrl-C at the terminal reaches this script alone, which passes it on once
-    TRAIN_EXIT_STATUS_FILE=$status_file setsid "${TRAIN_COMMAND[@]}" "$@" ${resume[@]+"${resume[@]}"} &
+    # setsid: Ctrl-C at the terminal reaches this script alone, which passes it on once. A non-interactive
+    # shell starts a `&` child with SIGINT and SIGQUIT ignored, and Python keeps them ignored until train.py
+    # installs its handler: a Ctrl-C relayed while it starts up would be lost. `trap -` gives the child the
+    # default dispositions back, so a signal that comes that early ends it (status 130) and the loop with it.
+    (trap - INT QUIT; TRAIN_EXIT_STATUS_FILE=$status_file exec setsid "${TRAIN_COMMAND[@]}" "$@" \
+        ${resume[@]+"${resume[@]}"}) &
     leader=$!
     [[ -z $stop_signal ]] || kill -s "$stop_signal" "$leader"  # a signal that came during the launch
     wait_for "$leader"

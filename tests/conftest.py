@@ -18,7 +18,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = sorted(glob.glob(os.path.join(REPO, "tests", "fixtures", "corpus", "*.txt")))
 
 # the GPT-2 BPE files are downloaded by tiktoken on first use; an offline machine points
-# TIKTOKEN_CACHE_DIR at a copy of them before running the tests
+# TIKTOKEN_CACHE_DIR at a copy of them, or keeps one in ../shared/tiktoken_cache beside the checkout
+OFFLINE_BPE = os.path.join(os.path.dirname(REPO), "shared", "tiktoken_cache")
+if os.path.isdir(OFFLINE_BPE):
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", OFFLINE_BPE)
 os.environ.setdefault("WANDB_MODE", "disabled")
 # the scripts the tests start run "python", "torchrun" and "hf": those of the interpreter running pytest
 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
@@ -50,14 +53,17 @@ def usable_cores():
 
 
 CORES = usable_cores()
-# the CPU threads of one test: the machine's cores shared among pytest-xdist's workers (more threads than
-# cores would have PyTorch's spinning OpenMP threads take each other's turns)
-CPU_THREADS = max(1, CORES // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+# The CPU threads of one test. A float32 run's numbers depend on the thread count (how a matmul splits its
+# sums), so every mode (-n 0, pytest-xdist on any number of cores) uses the same one: 1, which also keeps
+# the workers' spinning OpenMP threads off each other's cores. An explicit OMP_NUM_THREADS is respected.
+CPU_THREADS = max(1, int(os.environ.get("OMP_NUM_THREADS") or 1))
 os.environ["OMP_NUM_THREADS"] = str(CPU_THREADS)
 
 EOT = 50256
-# time limits in tests only end hangs: an hour is far beyond any correct run on a busy machine
-HANG_GUARD_S = 3600
+# Time limits in tests only end hangs, never judge speed: 8 minutes is far beyond any correct run on a busy
+# machine. pytest-timeout (pytest.ini) ends any test after 10, dumping every thread's stack; this one, shorter,
+# lets a test that waits on processes kill them and say what it waited for.
+HANG_GUARD_S = 480
 # torchrun kills its ranks 30 s after relaying a signal; a busy machine may need longer to checkpoint
 TORCHRUN_GRACE = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(HANG_GUARD_S)}
 
@@ -141,16 +147,42 @@ class Result:
         return self.stdout + self.stderr
 
 
-def run_script(cmd, *, cwd=REPO, env=None, timeout=None):
+def run_script(cmd, *, cwd=REPO, env=None, timeout=HANG_GUARD_S):
     """Run cmd (a program and its arguments, or a program alone) from cwd, the repo root unless told, and
     return its Result; a Python script (.py) runs under the interpreter running pytest. env, when given,
-    is the whole environment. No time limit unless told: HANG_GUARD_S where processes may deadlock."""
+    is the whole environment. It runs in a session of its own: past timeout (a hang), the whole session is
+    killed, torchrun's ranks and a script's children with it, and the test fails saying so."""
     import subprocess
     args = [str(cmd)] if isinstance(cmd, (str, os.PathLike)) else [str(a) for a in cmd]
     if args[0].endswith(".py"):
         args.insert(0, sys.executable)
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    return Result(args, proc.returncode, proc.stdout, proc.stderr)
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    stdout, stderr = communicate(proc, timeout)
+    return Result(args, proc.returncode, stdout, stderr)
+
+
+def communicate(proc, timeout=HANG_GUARD_S):
+    """proc.communicate(), bounded: past timeout, proc's process group (start it with start_new_session=True)
+    is killed and the test fails. Returns (stdout, stderr)."""
+    import subprocess
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        proc.communicate()
+        pytest.fail(f"{proc.args} still ran after {timeout} s: a hang, killed with its process group")
+
+
+def kill_group(proc):
+    """SIGKILL proc's process group, if proc leads one that still lives."""
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except ProcessLookupError:
+        pass
 
 
 def run_in_process(cmd, env=None, cwd=REPO):
@@ -212,8 +244,8 @@ def run_eval(script, *args, out):
 def run_train(args, nproc=1, check=True, env=None):
     """Run train.py from the repo root, in this process (one process: the training is the same, and a
     test spends its time training rather than starting Python), or under torchrun with nproc processes;
-    returns its Result. A run that logs to wandb, which takes over stdout, gets a process of its own. No time
-    limit on one process, which cannot hang; a deadlock between processes ends after HANG_GUARD_S."""
+    returns its Result. A run that logs to wandb, which takes over stdout, gets a process of its own; a
+    deadlock between processes ends after HANG_GUARD_S."""
     if nproc == 1 and "--wandb_log=True" not in args:
         result = run_in_process(["train.py", *args], env)
     else:
@@ -222,7 +254,7 @@ def run_train(args, nproc=1, check=True, env=None):
              *args]
         full_env = {**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, CPU_THREADS // nproc)),
                     **(env or {})}
-        result = run_script(cmd, env=full_env, timeout=None if nproc == 1 else HANG_GUARD_S)
+        result = run_script(cmd, env=full_env)
     if check and result.status != 0:
         raise AssertionError(f"train.py failed ({result.status}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result

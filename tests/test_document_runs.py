@@ -37,10 +37,13 @@ def losses(out_dir, key="train_loss"):
 
 
 def test_a_document_masked_run_learns_past_the_unigram_loss(paragraph_data_dir, tmp_path):
+    # Margin, (unigram - val) / (initial loss ln 50304 - unigram), measured in float32 on 2 AMD EPYC cores:
+    # +11.6% with 1 thread (as the tests run it, under -n 0 and pytest-xdist alike), +11.9% with 2
+    # (val 6.454 and 6.442 against 6.909). At 60 steps it was -3.0% / +3.8%: below the noise of the kernels.
     out = str(tmp_path / "run")
-    proc = run_train(micro_args(paragraph_data_dir, out, attn_mask="document", attn_type="xsa", max_iters=60,
+    proc = run_train(micro_args(paragraph_data_dir, out, attn_mask="document", attn_type="xsa", max_iters=120,
                                 batch_size=8, total_batch_size=1024, learning_rate=3e-2, warmup_iters=5,
-                                eval_interval=30, checkpoint_interval=60, val_tokens=4096))
+                                eval_interval=40, checkpoint_interval=120, val_tokens=4096))
     assert "found no eot_token" not in proc.stdout
     val = [v for _, v in losses(out, "val_loss")]
     assert val[-1] < unigram_cross_entropy(paragraph_data_dir, 4096)

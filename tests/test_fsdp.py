@@ -13,7 +13,7 @@ import torch
 
 from checkpointer import list_checkpoints, load_latest_checkpoint
 from eval.common import load_model
-from conftest import MICRO, REPO, make_optimizer, micro_args, run_train
+from conftest import MICRO, REPO, communicate, make_optimizer, micro_args, run_train
 from dataloader import val_sequences
 from metrics import read_metrics
 
@@ -314,10 +314,11 @@ def measured():
         args = [f"--{k}={v}" for k, v in {**settings, "device": "cpu", "dtype": "float32"}.items()]
         procs[name] = subprocess.Popen([sys.executable, "scripts/memory_plan.py", *args, "--measure=True",
                                         "--json_output=True"], cwd=REPO, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                                       stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                       start_new_session=True)
     results = {}
     for name, proc in procs.items():
-        out, err = proc.communicate()
+        out, err = communicate(proc)
         assert proc.returncode == 0, err[-3000:]
         results[name] = json.loads(out.strip().splitlines()[-1])
     return results

@@ -197,6 +197,23 @@ def test_a_signal_stops_the_training_at_a_checkpoint_and_ends_the_loop(fakes, np
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_the_training_starts_up_ends_the_loop(fakes, nproc, sig, status):
+    """A Ctrl-C that comes before train.py has installed its handler (it is importing torch) stops that
+    launch and the loop: the launch is not left running with the signal ignored, as a `&` child of a
+    non-interactive shell would be, and nothing is relaunched. There is no checkpoint to write yet."""
+    proc = forever(fakes, "config/sa_tiny.py", NPROC=str(nproc), FAKE_START_S="36000")
+    wait_until(lambda: len(events(fakes, "starting")) == nproc, "the training to be starting")
+    proc.send_signal(sig)
+    output = finish(proc)  # not the ten hours of the start-up: the signal ended it
+    assert proc.returncode == status, output
+    assert "restarting" not in output and f"stopped by a signal (status {status})" in output
+    assert events(fakes, "start") == [] and len(events(fakes, "torchrun")) == (nproc > 1)
+    assert_nothing_left(fakes)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [130, 143])
 def test_a_training_stopped_by_a_signal_of_its_own_is_not_relaunched(fakes, status):
     proc = forever(fakes, "config/sa_tiny.py", NPROC="2", FAKE_MODE=f"exit:{status}")
@@ -384,7 +401,7 @@ def test_real_ctrl_c_under_torchrun_checkpoints_and_stops(tmp_path, data_dir):
     proc = forever(real_env(NPROC="2"), *args)
     try:
         metrics = os.path.join(out_dir, "metrics.jsonl")
-        wait_until(lambda: os.path.exists(metrics) and len(read_metrics(metrics)) >= 3, "training steps", 3600)
+        wait_until(lambda: os.path.exists(metrics) and len(read_metrics(metrics)) >= 3, "training steps")
         leader = launch_leader(proc.pid)
         ranks = descendants(leader)
         proc.send_signal(signal.SIGINT)
@@ -405,7 +422,7 @@ def test_real_ranks_of_a_killed_torchrun_are_gone_before_the_relaunch(tmp_path, 
     args = micro_args(data_dir, out_dir, max_iters=max_iters, checkpoint_interval=5, eval_interval=1000)
     proc = forever(real_env(NPROC="2"), *args)
     try:
-        wait_until(lambda: newest_checkpoint_step(out_dir), "the first checkpoint", 3600)
+        wait_until(lambda: newest_checkpoint_step(out_dir), "the first checkpoint")
         first = launch_leader(proc.pid)
         ranks = descendants(first)[1:]
         assert len(ranks) >= 2

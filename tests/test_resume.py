@@ -14,7 +14,8 @@ import torch
 
 from checkpoint import save_checkpoint
 from checkpointer import list_checkpoints, load_latest_checkpoint, prune_checkpoints
-from conftest import CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, make_optimizer, micro_args, run_script, run_train
+from conftest import (CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, make_optimizer, micro_args,
+                      run_script, run_train)
 from metrics import read_metrics
 
 # dropout makes every step draw random numbers, so a lost RNG state would show in the losses
@@ -195,7 +196,8 @@ def test_train_forever_relaunches_after_a_crash(data_dir, tmp_path):
     run_train(micro_args(data_dir, full, **settings))
     env = dict(os.environ, MAX_RESTARTS="3", NPROC="1", RESTART_DELAY="0")
     wrapper = subprocess.Popen(["bash", "scripts/train_forever.sh", *micro_args(data_dir, out, **settings)],
-                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
     deadline = time.time() + HANG_GUARD_S
     while not list_checkpoints(out) and time.time() < deadline:
         time.sleep(0.05)
@@ -203,7 +205,7 @@ def test_train_forever_relaunches_after_a_crash(data_dir, tmp_path):
     assert victims, "no training process to crash"
     for pid in victims:  # a crash: the node dies under the training process
         os.kill(pid, signal.SIGKILL)
-    output, _ = wrapper.communicate()
+    output, _ = communicate(wrapper)
     assert wrapper.returncode == 0, output[-3000:]
     assert "restarting" in output and "resuming from" in output
     assert losses(out) == losses(full)
@@ -405,6 +407,7 @@ def start_train(args, nproc=1, env=None):
     cmd = [sys.executable, "train.py"] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
     return subprocess.Popen(cmd + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,  # a hang is ended with the ranks (conftest.communicate)
                             env={**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, CPU_THREADS // nproc)),
                                  **(env or {})})
 
@@ -436,7 +439,7 @@ def test_a_signal_ends_the_step_writes_a_checkpoint_and_the_resume_continues_exa
     proc = start_train(micro_args(data_dir, out, **LONG), nproc, env={"TRAIN_EXIT_STATUS_FILE": status_file})
     wait_for_steps(out, proc, 3)
     proc.send_signal(signum)
-    stdout, stderr = proc.communicate()
+    stdout, stderr = communicate(proc)
     assert proc.returncode == (status if nproc == 1 else 1), stderr[-3000:]
     assert open(status_file).read() == f"{status}\n"
     # torchrun prints a traceback of its own SignalException; the ranks print none
@@ -616,7 +619,7 @@ def test_a_signal_that_reaches_one_rank_stops_every_rank_after_one_checkpoint_wi
     ranks = rank_processes(out)
     assert sorted(ranks) == [0, 1]
     os.kill(ranks[1], signal.SIGTERM)
-    stdout, stderr = proc.communicate()
+    stdout, stderr = communicate(proc)
     assert open(status_file).read() == "143\n", stderr[-3000:]
     ranks_stderr = stderr.split("Traceback (most recent call last):\n  File \"<frozen runpy>\"")[0]  # torchrun's own aside
     # rank 0, which got no signal, once exited 0 into a barrier rank 1 had left: "Connection closed by peer"
