@@ -27,18 +27,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import exits
-import train_config
-from checkpointer import Checkpointer, NonFiniteState, RunState, clean_run_dir, list_checkpoints, set_aside_run
 from configurator import ConfigError
-from dataloader import TrainLoader, val_sequences
-from files import DirectoryLock, DirectoryLocked, write_atomically
-from metrics import MetricsLogger, ThroughputMeter, format_count, format_duration, wandb_problem
 from model import GPT
-from optimizers import build_optimizer, set_hyperparameters
-from parallelize import clip_grad_norm, compile_summary, gradient_sync, is_sharded, parallelize
-from runtime import (DeviceError, StopSignals, autocast, enable_tf32, git_diff, peak_flops, peak_memory_gb,
-                     provenance, reset_peak_memory, resolve_dtype, setup_runtime, teardown_runtime)
+from pretrain import exits, train_config
+from pretrain.checkpointer import Checkpointer, NonFiniteState, RunState, clean_run_dir, list_checkpoints, set_aside_run
+from pretrain.dataloader import TrainLoader, val_sequences
+from pretrain.files import DirectoryLock, DirectoryLocked, write_atomically
+from pretrain.metrics import MetricsLogger, ThroughputMeter, format_count, format_duration, wandb_problem
+from pretrain.optimizers import build_optimizer, set_hyperparameters
+from pretrain.parallelize import clip_grad_norm, compile_summary, gradient_sync, is_sharded, parallelize
+from pretrain.runtime import (DeviceError, StopSignals, autocast, enable_tf32, git_diff, peak_flops, peak_memory_gb,
+                              provenance, reset_peak_memory, resolve_dtype, setup_runtime, teardown_runtime)
 
 
 class TrainingStopped(RuntimeError):

@@ -12,17 +12,15 @@ import tempfile
 import warnings
 import zipfile
 
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-import checkpoint
-import exits
-import checkpointer
-import torch.distributed.checkpoint as dcp
-from dataloader import val_sequences
 from model import GPT
-from train_config import model_config
-from runtime import DTYPES, DeviceError, pick_device, resolve_dtype
-from shards import ShardError
+from pretrain import checkpoint_format, checkpointer, exits
+from pretrain.dataloader import val_sequences
+from pretrain.runtime import DTYPES, DeviceError, pick_device, resolve_dtype
+from pretrain.shards import ShardError
+from pretrain.train_config import model_config
 
 OUT = "out/eval"  # every script's default --out
 DTYPE_HELP = "autocast dtype of the forward pass; auto: bfloat16 on GPUs that support it, else float32"
@@ -171,17 +169,17 @@ def first_sentence(message):
 def load_model(path, device="cpu"):
     """A GPT in eval mode from a checkpoint (a file or a sharded directory), or from the newest
     checkpoint in a run directory, in this process alone. Returns (model, resolved run config)."""
-    if os.path.isdir(path) and not checkpoint.is_sharded_checkpoint(path):  # a run directory
+    if os.path.isdir(path) and not checkpoint_format.is_sharded_checkpoint(path):  # a run directory
         found, state = checkpointer.load_latest_checkpoint(path, map_location=device)
         if found is None:
             raise FileNotFoundError(f"no checkpoint in {path}")
         path = found
     else:
-        state = checkpoint.load_checkpoint_file(path, map_location=device)
+        state = checkpoint_format.load_checkpoint_file(path, map_location=device)
     model = GPT(model_config(state["config"]))
     if os.path.isdir(path):
         model_state = model.state_dict()
-        with checkpoint.single_process_quietly(), checkpoint.dcp_errors(path):
+        with checkpoint_format.single_process_quietly(), checkpoint_format.dcp_errors(path):
             dcp.load({"model": model_state}, checkpoint_id=path, no_dist=True)  # reads the model only
         model.load_state_dict(model_state)
     else:
@@ -193,7 +191,8 @@ def check_checkpoint_path(path):
     """Exit, naming path, if it neither exists nor holds a checkpoint: the cheap checks, before any loading."""
     if not os.path.exists(path):
         cannot_load(path, "no such file or directory")
-    if os.path.isdir(path) and not (checkpoint.is_sharded_checkpoint(path) or checkpointer.list_checkpoints(path)):
+    if os.path.isdir(path) and not (checkpoint_format.is_sharded_checkpoint(path)
+                                    or checkpointer.list_checkpoints(path)):
         cannot_load(path, "no checkpoint (ckpt_<step>.pt or ckpt_<step>/) in this directory")
 
 
@@ -220,7 +219,7 @@ def load(path, device):
         return loaded
     if os.path.isfile(path) and not zipfile.is_zipfile(path):  # torch's own message would be about mmap
         cannot_load(path, "truncated, or not a checkpoint (not a complete torch zip archive)")
-    if skipped and os.path.isdir(path) and not checkpoint.is_sharded_checkpoint(path):  # skipped every one
+    if skipped and os.path.isdir(path) and not checkpoint_format.is_sharded_checkpoint(path):  # skipped every one
         cannot_load(path, "none of its checkpoints loads: " + "; ".join(skipped))
     if isinstance(error, CheckpointException) and error.failures:  # its message: a list of ranks, then tracebacks
         error = next(iter(error.failures.values()))[0]

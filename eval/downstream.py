@@ -3,18 +3,24 @@ Zero-shot downstream evaluation of checkpoints on the paper's 8 tasks, with
 lm-evaluation-harness (`pip install "lm-eval>=0.4.13"`) as the scoring engine.
 
 One checkpoint (a file, or a run directory: its newest checkpoint):
-    python eval/downstream.py out/xsa_0p7b
+    python -m eval.downstream out/xsa_0p7b
 SA against XSA, with the per-task difference and the paper's Table 2 beside ours:
-    python eval/downstream.py --sa out/sa_0p7b --xsa out/xsa_0p7b --paper
+    python -m eval.downstream --sa out/sa_0p7b --xsa out/xsa_0p7b --paper
 A quick look on a subset of each task:
-    python eval/downstream.py out/sa_tiny out/xsa_tiny --labels SA XSA --limit 200
+    python -m eval.downstream out/sa_tiny out/xsa_tiny --labels SA XSA --limit 200
 Without the Hub, on local copies of the tasks (docs/evaluation.md, "Without the Hub"):
-    python eval/downstream.py out/sa_tiny --include_path my_tasks/ --no_default_tasks
+    python -m eval.downstream out/sa_tiny --include_path my_tasks/ --no_default_tasks
 
 The table has the paper's layout: one headline metric per task (acc or acc_norm, as the
 paper says), in percent. Everything lm-eval reports (both metrics, standard errors) goes to
 the JSON file next to the markdown table in --out.
 """
+
+import sys
+
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m eval.downstream", file=sys.stderr)
+    sys.exit(2)
 
 import contextlib
 import difflib
@@ -22,18 +28,14 @@ import glob
 import json
 import math
 import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tiktoken
 import torch
 import torch.nn.functional as F
 
-import exits
 from eval import common
-from hub_access import hub_problem
-from runtime import autocast
+from pretrain import exits
+from pretrain.runtime import autocast
 
 # task -> (column, headline metric), in the paper's column order
 TASKS = {
@@ -285,12 +287,12 @@ def hub_dataset(entry):
 
 
 def check_hub(repo_id, task):
-    """Exit at once when the Hub cannot be read (hub_access.hub_problem). In offline mode datasets reads
+    """Exit at once when the Hub cannot be read (exits.hub_problem). In offline mode datasets reads
     its local cache and makes no request: nothing to check."""
     offline = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
     if any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in offline):
         return
-    problem = hub_problem(repo_id)
+    problem = exits.hub_problem(repo_id)
     if problem:
         common.fail(f"cannot read {repo_id} (the data of task {task}) from the Hugging Face Hub ({problem}); "
                     f"with the data in the local cache, set HF_DATASETS_OFFLINE=1; {NO_HUB_HINT}")

@@ -13,23 +13,25 @@ the numbers follow the paper's plain definitions; learned sink tokens never coun
 With grouped-query attention every quantity is per query head, with the value head it reads.
 The paper averages over 1024 training sequences; we use held-out validation sequences.
 
-    python eval/similarity.py out/sa_0p7b out/xsa_0p7b    # val shards: each checkpoint's data_dir
-    python eval/similarity.py out/sa_0p7b out/xsa_0p7b --data_dir data/fineweb/fineweb100B
+    python -m eval.similarity out/sa_0p7b out/xsa_0p7b    # val shards: each checkpoint's data_dir
+    python -m eval.similarity out/sa_0p7b out/xsa_0p7b --data_dir data/fineweb/fineweb100B
 """
+
+import sys
+
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m eval.similarity", file=sys.stderr)
+    sys.exit(2)
 
 import json
 import math
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask
 
 from eval import common
-from runtime import autocast
+from pretrain.runtime import autocast
 
 QUANTITIES = {
     "cos_vv": "cos(v_i, v_j), i != j",

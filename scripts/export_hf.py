@@ -4,10 +4,10 @@ Export a trained model as a Hugging Face transformers model folder, loadable off
     AutoModelForCausalLM.from_pretrained(HF_DIR, trust_remote_code=True)
     AutoTokenizer.from_pretrained(HF_DIR)
 
-    python scripts/export_hf.py out/xsa_0p7b hf/xsa_0p7b                      # the run's newest checkpoint
-    python scripts/export_hf.py out/xsa_0p7b hf/xsa_0p7b --checkpoint best    # its best validation loss's
-    python scripts/export_hf.py out/xsa_0p7b/ckpt_0200000.pt hf/xsa_0p7b --dtype bfloat16
-    python scripts/export_hf.py out/xsa_2p7b hf/xsa_2p7b --push_to_hub me/xsa-2.7b
+    python -m scripts.export_hf out/xsa_0p7b hf/xsa_0p7b                      # the run's newest checkpoint
+    python -m scripts.export_hf out/xsa_0p7b hf/xsa_0p7b --checkpoint best    # its best validation loss's
+    python -m scripts.export_hf out/xsa_0p7b/ckpt_0200000.pt hf/xsa_0p7b --dtype bfloat16
+    python -m scripts.export_hf out/xsa_2p7b hf/xsa_2p7b --push_to_hub me/xsa-2.7b
 
 The folder holds config.json (every model key, max_position_embeddings = block_size, auto_map),
 the weights as safetensors (sharded, with an index, above 5 GB), generation_config.json, GPT-2's
@@ -17,23 +17,27 @@ thin transformers wrapper that imports it. Checkpoints of either format (a file,
 load in this one process. docs/export.md walks through loading it, lm-eval's hf backend and the Hub.
 """
 
+import sys
+
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m scripts.export_hf", file=sys.stderr)
+    sys.exit(2)
+
 import argparse
 import importlib.util
 import os
 import shutil
-import sys
 import uuid
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 import torch
 
-import exits
 from eval import common
-from train_config import MODEL_KEYS, TRAIN_KEYS
+from pretrain import exits
+from pretrain.runtime import REPO
+from pretrain.train_config import MODEL_KEYS, TRAIN_KEYS
 
-CODE = {"model.py": os.path.join(REPO, "model.py"), "modeling_xsa.py": os.path.join(REPO, "scripts", "modeling_xsa.py")}
+CODE = {"model.py": os.path.join(REPO, "model.py"),  # the export ships both as they are
+        "modeling_xsa.py": os.path.join(REPO, "pretrain", "modeling_xsa.py")}
 AUTO_MAP = {"AutoConfig": "modeling_xsa.XSAConfig", "AutoModelForCausalLM": "modeling_xsa.XSAForCausalLM"}
 MAX_SHARD_SIZE = "5GB"  # the default: a 2.7B model in float32 is 11 GB, three files and an index
 GPT2_FILES = {  # tiktoken's own GPT-2 files (tiktoken_ext.openai_public.gpt2), read from its cache
@@ -54,7 +58,7 @@ def checkpoint_to_export(path, which):
     common.check_checkpoint_path(path)
     if which == "latest" or not os.path.isdir(path) or os.path.exists(os.path.join(path, ".metadata")):
         return path
-    import checkpointer
+    from pretrain import checkpointer
     newest, state = checkpointer.load_latest_checkpoint(path)
     best = (state or {}).get("best_checkpoint")
     if not best or not os.path.exists(os.path.join(path, best["path"])):

@@ -52,7 +52,7 @@ mkdir -p "$OUT"
 
 # 1 and 2: bench.py, compile off then on
 for compile in False True; do
-    python bench.py "${model[@]}" "${system[@]}" --batch_size="$batch" --compile="$compile" "${timing[@]}" \
+    python -m scripts.bench "${model[@]}" "${system[@]}" --batch_size="$batch" --compile="$compile" "${timing[@]}" \
         --bench_variants=sa,xsa --bench_json="$OUT/bench_compile_$compile.json" | tee "$OUT/bench_compile_$compile.log"
 done
 
@@ -60,8 +60,7 @@ done
 python - "$OUT/shards" <<'EOF'
 import os, sys
 import numpy as np
-sys.path.insert(0, os.getcwd())
-from shards import write_shard
+from pretrain.shards import write_shard
 out = sys.argv[1]
 os.makedirs(out)
 rng = np.random.default_rng(0)
@@ -80,7 +79,7 @@ cp -r "$OUT/fsdp_full/ckpt_0000002" "$OUT/fsdp_resumed/"
 
 # 4: document mask against causal, at two lengths
 for length in "${mask_lengths[@]}"; do
-    python bench.py "${model[@]}" "${system[@]}" --block_size="$length" --batch_size=$((mask_tokens / length)) \
+    python -m scripts.bench "${model[@]}" "${system[@]}" --block_size="$length" --batch_size=$((mask_tokens / length)) \
         --compile="$fsdp_compile" "${timing[@]}" --bench_variants=sa,xsa --attn_mask=document --eot_token="$eot" \
         --bench_json="$OUT/bench_document_$length.json" | tee "$OUT/bench_document_$length.log"
 done
@@ -89,7 +88,6 @@ done
 python - "$OUT" "${system[0]#--device=}" "${flex_check[@]}" <<'EOF'
 import json, os, sys
 import torch
-sys.path.insert(0, os.getcwd())
 import model as M
 device = sys.argv[2]
 length, head_dims = int(sys.argv[3]), [int(d) for d in sys.argv[4:]]
@@ -121,8 +119,7 @@ EOF
 
 python - "$OUT" "${mask_lengths[@]}" <<'EOF'
 import json, os, sys
-sys.path.insert(0, os.getcwd())
-from metrics import read_metrics
+from pretrain.metrics import read_metrics
 out = sys.argv[1]
 bench = {compile: json.load(open(f"{out}/bench_compile_{compile}.json")) for compile in ("False", "True")}
 first = bench["False"]

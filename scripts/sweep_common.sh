@@ -109,10 +109,10 @@ plan_runs() {
     "$PYTHON" - "$@" <<'PY'
 import os
 import sys
-from checkpoint import checkpoint_step
-from checkpointer import list_checkpoints
+from pretrain.checkpoint_format import checkpoint_step
+from pretrain.checkpointer import list_checkpoints
 from configurator import ConfigError
-from train_config import resolve, variant_name
+from pretrain.train_config import resolve, variant_name
 sweep_dir, argv = sys.argv[1], sys.argv[2:]
 runs, names = [], set()
 for arg in argv:

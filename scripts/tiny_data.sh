@@ -24,7 +24,7 @@ tiny_data_command() {
         read -ra input <<<"$INPUT"  # split, not expanded: prepare.py expands globs in a reproducible order
         input=(--input "${input[@]}")
     fi
-    TINY_PREPARE=("${PYTHON:-python}" data/fineweb/prepare.py ${input[@]+"${input[@]}"} --out_dir "$TINY_DATA_DIR"
+    TINY_PREPARE=("${PYTHON:-python}" -m data.fineweb.prepare ${input[@]+"${input[@]}"} --out_dir "$TINY_DATA_DIR"
         --max_tokens "$max_tokens" --val_tokens "$val_tokens" --shard_size 500000)
 }
 

@@ -241,7 +241,7 @@ def test_compiled_document_masked_forward_and_backward_match_eager(variant):
 
 def test_recomputed_blocks_give_the_same_training_under_a_document_mask():
     """Activation checkpointing recomputes each block with the same mask and the same dropout draws."""
-    from parallelize import apply_activation_checkpointing
+    from pretrain.parallelize import apply_activation_checkpointing
     idx = packed_batch()
     results = {}
     for mode in ("none", "block", "selective"):

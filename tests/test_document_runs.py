@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import micro_args, run_train
-from metrics import read_metrics
+from pretrain.metrics import read_metrics
 from test_train import unigram_cross_entropy
 
 pytestmark = pytest.mark.slow  # every test trains
@@ -22,7 +22,7 @@ def paragraph_data_dir(tmp_path_factory, corpus_docs):
     """Shards whose documents are the plays' paragraphs (tens of tokens each, several per 32-token window),
     each preceded by the end-of-text token, as prepare.py writes them."""
     import tiktoken
-    from shards import write_shard
+    from pretrain.shards import write_shard
     enc = tiktoken.get_encoding("gpt2")
     paragraphs = [p for doc in corpus_docs for p in doc.split("\n\n") if p.strip()]
     tokens = np.concatenate([np.array([EOT] + enc.encode_ordinary(p), dtype=np.uint16) for p in paragraphs])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import DOWNLOAD, load_script
-from shards import write_shard
+from pretrain.shards import write_shard
 from test_prepare_progress import ETA, last_bar
 
 

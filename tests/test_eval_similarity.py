@@ -24,14 +24,14 @@ import torch
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from checkpoint import save_sharded_checkpoint
-from checkpointer import list_checkpoints
+from pretrain.checkpoint_format import save_sharded_checkpoint
+from pretrain.checkpointer import list_checkpoints
 from conftest import HANG_GUARD_S, MICRO, REPO, run_eval, run_in_process
-from eval.common import load_model
-from dataloader import val_sequences
 from eval import common
+from eval.common import load_model
 from eval.similarity import QUANTITIES, similarity_stats, stats_over_batches
 from model import GPT, GPTConfig
+from pretrain.dataloader import val_sequences
 
 
 def rotate(x, theta):
@@ -198,7 +198,7 @@ def other_data_dir(data_dir, tmp_path_factory):
 @pytest.mark.slow
 def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, other_data_dir, tmp_path):
     proc = run_in_process(
-        ["eval/similarity.py", trained_runs["sa"], "--labels", "SA", "--data_dir", other_data_dir,
+        ["-m", "eval.similarity", trained_runs["sa"], "--labels", "SA", "--data_dir", other_data_dir,
          "--num_sequences", "4", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "similarity.json") as f:
@@ -303,8 +303,8 @@ def test_scripts_exit_with_one_line_naming_the_checkpoint(trained_runs, bad_chec
     path, reason = bad_checkpoints[case]
     # after a good checkpoint for the scripts that take several: a bad one is named, whichever it is
     checkpoints = [path] if script == "sample.py" else [trained_runs["xsa"], path]
-    proc = run_in_process([f"eval/{script}", *checkpoints, "--device", "cpu"]
-                      + ([] if script == "sample.py" else ["--num_sequences", "2", "--out", tmp_path]))
+    proc = run_in_process(["-m", "eval." + script.removesuffix(".py"), *checkpoints, "--device", "cpu"]
+                          + ([] if script == "sample.py" else ["--num_sequences", "2", "--out", tmp_path]))
     assert proc.returncode == 3
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr  # one line, no traceback
     assert proc.stderr.startswith(f"cannot load checkpoint {path}: ") and reason in proc.stderr
@@ -347,7 +347,7 @@ def test_an_out_that_cannot_be_written_is_named_in_one_line(trained_runs, tmp_pa
     else:
         out = request.getfixturevalue("read_only_dir")
     args = [trained_runs["sa"]] if script == "compare.py" else [trained_runs["sa"], "--device", "cpu"]
-    proc = run_in_process([f"eval/{script}", *args, "--out", out])
+    proc = run_in_process(["-m", "eval." + script.removesuffix(".py"), *args, "--out", out])
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr  # one line, before any work
     if case == "a file":
@@ -387,7 +387,8 @@ def run_on_terminal(args):
 @pytest.mark.parametrize("script", ["similarity.py", "position_loss.py"])
 def test_progress_bar_with_eta_on_a_terminal_and_none_with_quiet(trained_runs, tmp_path, script):
     """2 batches per model: a bar per model, labelled with it, counting to 2/2 with the time left."""
-    args = [sys.executable, f"eval/{script}", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
+    args = [sys.executable, "-m", "eval." + script.removesuffix(".py"), trained_runs["sa"], trained_runs["xsa"],
+            "--labels", "SA", "XSA",
             "--num_sequences", "4", "--batch_size", "2", "--device", "cpu", "--out", str(tmp_path)]
     status, stdout, terminal = run_on_terminal(args)
     assert status == 0, terminal[-3000:]

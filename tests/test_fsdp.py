@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-from checkpointer import list_checkpoints, load_latest_checkpoint
 from eval.common import load_model
+from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint
 from conftest import MICRO, REPO, make_optimizer, micro_args, run_train
-from dataloader import val_sequences
-from metrics import read_metrics
+from pretrain.dataloader import val_sequences
+from pretrain.metrics import read_metrics
 
 # one global batch of 4 x 2 sequences: 1 process x 4 micro-steps, or 2 processes x 2 micro-steps;
 # 5 val sequences: on 2 processes 3 and 2, in batches of 2, so FSDP's collective forwards must line up
@@ -113,9 +113,9 @@ def test_a_recomputed_block_compiles_on_its_own():
     give dynamo a graph (it skips torch's checkpoint when that is the compiled frame itself)."""
     import torch._dynamo as dynamo
     from torch._dynamo.utils import counters
-    from train_config import model_config
+    from pretrain.train_config import model_config
     from model import GPT
-    from parallelize import apply_activation_checkpointing
+    from pretrain.parallelize import apply_activation_checkpointing
     dynamo.reset()
     counters.clear()
     model = GPT(model_config({**MICRO, "vocab_size": 512, "attn_type": "xsa"}))
@@ -172,7 +172,7 @@ def test_single_file_checkpoint_resumes_in_two_process_fsdp(data_dir, tmp_path, 
 def test_an_fsdp_checkpoint_exports_as_its_single_file_equivalent(fsdp_runs, tmp_path):
     """scripts/export_hf.py reads a DCP directory in one process: the folder is byte for byte the one
     exported from the same weights in a single-file checkpoint."""
-    from checkpoint import save_checkpoint
+    from pretrain.checkpoint_format import save_checkpoint
     from conftest import run_in_process
     sharded = os.path.join(fsdp_runs["xsa"], "ckpt_0000006")
     model, config = load_model(sharded)
@@ -180,7 +180,7 @@ def test_an_fsdp_checkpoint_exports_as_its_single_file_equivalent(fsdp_runs, tmp
     folders = {}
     for name, path in (("sharded", sharded), ("single", single)):
         folders[name] = tmp_path / f"hf_{name}"
-        result = run_in_process(["scripts/export_hf.py", path, folders[name]])
+        result = run_in_process(["-m", "scripts.export_hf", path, folders[name]])
         assert result.status == 0, result.stderr[-3000:]
     contents = {name: {f: (folder / f).read_bytes() for f in sorted(os.listdir(folder))} for name, folder in folders.items()}
     assert contents["sharded"] == contents["single"] and "model.safetensors" in contents["single"]
@@ -215,7 +215,7 @@ def test_truncated_sharded_checkpoint_falls_back_to_previous(tmp_path, fsdp_runs
 def test_corrupt_metadata_is_an_unreadable_checkpoint_not_a_base_exception(tmp_path, fsdp_runs):
     """DCP raises CheckpointException (a BaseException) for a corrupt .metadata: resume falls back to the
     previous checkpoint, and evaluation gets an ordinary error naming the checkpoint."""
-    from checkpoint import CorruptCheckpoint
+    from pretrain.checkpoint_format import CorruptCheckpoint
     out = str(tmp_path / "run")
     shutil.copytree(fsdp_runs["sa"], out)
     metadata = os.path.join(out, "ckpt_0000006", ".metadata")
@@ -249,8 +249,8 @@ def test_corrupted_shard_is_found_by_the_process_checking_it_and_all_fall_back(d
 def test_failed_sharded_checkpoint_write_leaves_previous_intact(tmp_path, monkeypatch):
     """Also: a sharded checkpoint written and read by one process, without a process group."""
     import errno
-    from checkpoint import load_training_state, save_sharded_checkpoint
-    from train_config import model_config
+    from pretrain.checkpoint_format import load_training_state, save_sharded_checkpoint
+    from pretrain.train_config import model_config
     from model import GPT
     model = GPT(model_config(MICRO))
     optimizer = make_optimizer(model)
@@ -274,9 +274,9 @@ def test_failed_sharded_checkpoint_write_leaves_previous_intact(tmp_path, monkey
 
 def test_activation_checkpointing_gives_the_same_training():
     """Recomputed blocks give bit-identical losses, gradients and parameters, dropout included."""
-    from train_config import model_config
+    from pretrain.train_config import model_config
     from model import GPT
-    from parallelize import apply_activation_checkpointing
+    from pretrain.parallelize import apply_activation_checkpointing
     x = torch.randint(0, 512, (4, MICRO["block_size"] + 1))
     results = {}
     for mode in ("none", "block", "selective"):
@@ -312,7 +312,7 @@ def measured():
     procs = {}
     for name, settings in MEASURED.items():
         args = [f"--{k}={v}" for k, v in {**settings, "device": "cpu", "dtype": "float32"}.items()]
-        procs[name] = subprocess.Popen([sys.executable, "scripts/memory_plan.py", *args, "--measure=True",
+        procs[name] = subprocess.Popen([sys.executable, "-m", "scripts.memory_plan", *args, "--measure=True",
                                         "--json_output=True"], cwd=REPO, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     results = {}
@@ -340,9 +340,9 @@ def test_activation_checkpointing_lowers_measured_peak(measured):
 
 def test_memory_plan_for_the_paper_configs():
     """Sharding and recomputation lower the planned memory per GPU of the 2.7B model on 8 GPUs."""
-    import memory_plan
+    from scripts import memory_plan
     from dataclasses import replace
-    from train_config import resolve
+    from pretrain.train_config import resolve
     c, _ = resolve([os.path.join(REPO, "config", "xsa_2p7b.py")])
     total = {}
     for parallelism in ("ddp", "fsdp"):

@@ -13,7 +13,7 @@ import pytest
 from conftest import (CORPUS, HANG_GUARD_S, LOCK, PREPARE, leftover_temp_files, listed_shards, load_script,
                       prepare_args, run_prepare, run_script, shard_bytes)
 from fakes.hub import closed_port
-from files import DirectoryLock
+from pretrain.files import DirectoryLock
 
 
 # -----------------------------------------------------------------------------
@@ -145,7 +145,8 @@ def test_prepare_without_the_bpe_files_says_to_set_tiktoken_cache_dir(tmp_path):
     proxy = f"http://127.0.0.1:{closed_port()}"
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"), "HTTPS_PROXY": proxy, "https_proxy": proxy,
            "NO_PROXY": "", "no_proxy": ""}
-    result = run_script([PREPARE, "--input", CORPUS[0], "--out_dir", tmp_path / "out"], env=env, timeout=HANG_GUARD_S)
+    result = run_script([sys.executable, "-m", PREPARE, "--input", CORPUS[0], "--out_dir", tmp_path / "out"], env=env,
+                        timeout=HANG_GUARD_S)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "TIKTOKEN_CACHE_DIR" in result.stderr.strip().splitlines()[-1]

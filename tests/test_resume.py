@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-from checkpoint import save_checkpoint
-from checkpointer import list_checkpoints, load_latest_checkpoint, prune_checkpoints
+from pretrain.checkpoint_format import save_checkpoint
+from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, prune_checkpoints
 from conftest import CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, make_optimizer, micro_args, run_script, run_train
-from metrics import read_metrics
+from pretrain.metrics import read_metrics
 
 # dropout makes every step draw random numbers, so a lost RNG state would show in the losses
 RESUME = dict(max_iters=8, lr_decay_iters=8, eval_interval=4, checkpoint_interval=4, dropout=0.1)
@@ -314,9 +314,9 @@ def test_full_disk_during_training_exits_3_and_keeps_the_previous_checkpoint(dat
 
 
 def test_checkpointer_refuses_to_save_a_non_finite_state(tmp_path):
-    from checkpointer import Checkpointer, NonFiniteState, RunState
+    from pretrain.checkpointer import Checkpointer, NonFiniteState, RunState
     from model import GPT, GPTConfig
-    from runtime import Runtime
+    from pretrain.runtime import Runtime
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))
     optimizer = make_optimizer(model)
     checkpointer = Checkpointer(str(tmp_path), 2, model, optimizer, loader=None,
@@ -486,7 +486,7 @@ def test_run_state_flips_are_all_detected(data_dir, tmp_path):
     file either makes it unreadable or leaves what it loads unchanged, never a silently different state
     (a flip in the step once resumed at the wrong step)."""
     import random
-    from checkpoint import load_checkpoint_file
+    from pretrain.checkpoint_format import load_checkpoint_file
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
     path = list_checkpoints(out)[-1]
@@ -513,8 +513,8 @@ def test_run_state_flips_are_all_detected(data_dir, tmp_path):
 def test_flipped_bits_in_a_sharded_run_state_are_detected(tmp_path):
     """FSDP's run_state.pt holds step, loader position, config and RNG: every flip that loads is caught."""
     import random
-    from checkpoint import load_checkpoint_file, save_sharded_checkpoint
-    from train_config import model_config
+    from pretrain.checkpoint_format import load_checkpoint_file, save_sharded_checkpoint
+    from pretrain.train_config import model_config
     from conftest import MICRO
     from model import GPT
     model = GPT(model_config(MICRO))

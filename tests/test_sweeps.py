@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import HANG_GUARD_S, REPO, micro_args, run_script
-from metrics import read_metrics
+from pretrain.metrics import read_metrics
 
 # every test starts a sweep script (scripts/*.sh), some train: the slow tier
 pytestmark = pytest.mark.slow
@@ -312,15 +312,15 @@ def test_small_study_prepares_data_trains_seeds_and_compares(tmp_path):
                      INPUT="/some/corpus/*.txt")
     lines = [shlex.split(line) for line in proc.stdout.splitlines() if not line.startswith("#")]
     prepare = lines[0]
-    assert prepare[1:3] == ["data/fineweb/prepare.py", "--input"]
-    assert prepare[3] == "/some/corpus/*.txt"  # the glob goes to prepare.py unexpanded
+    assert prepare[1:4] == ["-m", "data.fineweb.prepare", "--input"]
+    assert prepare[4] == "/some/corpus/*.txt"  # the glob goes to prepare.py unexpanded
     assert prepare[prepare.index("--out_dir") + 1] == data_dir
     commands = dry_run("small_study.sh", OUT_ROOT=str(tmp_path), DATA_DIR=data_dir, INPUT="/some/corpus/*.txt")
     runs = [f"{tmp_path}/small_study/{a}_tiny_seed{s}" for s in (1, 2, 3) for a in ("sa", "xsa")]
     assert [c["overrides"]["out_dir"] for c in commands] == runs
     assert all(c["overrides"]["data_dir"] == data_dir for c in commands)
     compare = lines[-1]
-    assert compare[1] == "eval/compare.py" and compare[2:8] == runs
+    assert compare[1:3] == ["-m", "eval.compare"] and compare[3:9] == runs
 
 
 def test_small_study_with_the_document_mask_names_its_runs_group_and_table_apart(tmp_path):
@@ -332,7 +332,7 @@ def test_small_study_with_the_document_mask_names_its_runs_group_and_table_apart
         check_names(cmd, str(tmp_path), "small_study", name, "small_study_document")
         assert cmd["overrides"]["attn_mask"] == "document"
     compare = shlex.split(proc.stdout.splitlines()[-1])
-    assert compare[1] == "eval/compare.py" and compare[-2:] == ["--out", f"{tmp_path}/small_study/document"]
+    assert compare[1:3] == ["-m", "eval.compare"] and compare[-2:] == ["--out", f"{tmp_path}/small_study/document"]
 
 
 # -----------------------------------------------------------------------------
@@ -414,7 +414,7 @@ def test_interrupted_sweep_resumes_unfinished_runs_and_skips_finished_ones(tmp_p
 def test_sweeps_resolve_a_runs_config_as_train_py_does():
     """The skip decision needs a run's max_iters, and a run's name its variant: the scripts resolve a
     config with train_config.resolve, as train.py does, and name the variant with variant_name."""
-    from train_config import resolve, variant_name
+    from pretrain.train_config import resolve, variant_name
     argv = ["config/xsa_1p4b.py", "--max_iters=1234", "--learning_rate=2e-4", "--xsa_gate=True"]
     keys = ["max_iters", "learning_rate", "batch_size", "block_size", "eval_interval", "lr_decay_iters", "min_lr"]
     proc = run_script(["bash", "-c", 'source scripts/sweep_common.sh && resolve_config "$@"', "resolve",

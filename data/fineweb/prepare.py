@@ -7,10 +7,10 @@ shards: the first --val_tokens tokens go to fineweb_val_000000.bin, the rest to
 fineweb_train_000001.bin, fineweb_train_000002.bin, ... of --shard_size tokens each (the last
 one shorter). A document may straddle two shards, as in llm.c.
 
-    python data/fineweb/prepare.py                                       # FineWeb sample-100BT from the Hub
-    python data/fineweb/prepare.py --max_tokens 1_000_000_000             # the first 1B tokens only
-    python data/fineweb/prepare.py --input 'sample/100BT/*.parquet'       # local parquet/jsonl/txt files
-    python data/fineweb/prepare.py --verify --out_dir data/fineweb/fineweb100B
+    python -m data.fineweb.prepare                                       # FineWeb sample-100BT from the Hub
+    python -m data.fineweb.prepare --max_tokens 1_000_000_000             # the first 1B tokens only
+    python -m data.fineweb.prepare --input 'sample/100BT/*.parquet'       # local parquet/jsonl/txt files
+    python -m data.fineweb.prepare --verify --out_dir data/fineweb/fineweb100B
 
 Resumable: out_dir/manifest.json records, for every shard written, where in the document
 stream it starts and ends. Kill it at any moment and rerun it with the same arguments: it keeps
@@ -22,6 +22,12 @@ mean, median, p90, p99, and the share of the tokens in documents longer than 512
 doc_stats.py), and prints them as a table.
 """
 
+import sys
+
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m data.fineweb.prepare", file=sys.stderr)
+    sys.exit(2)
+
 import argparse
 import collections
 import errno
@@ -29,11 +35,8 @@ import glob
 import json
 import os
 import signal
-import sys
 import time
 from multiprocessing import Pool
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import numpy as np
 import pyarrow as pa
@@ -41,11 +44,9 @@ import pyarrow.parquet as pq
 import tiktoken
 from tqdm import tqdm
 
-import doc_stats
-import exits
-import shards
-from files import DirectoryLock, DirectoryLocked, remove_temp_files, write_atomically
-from hub_access import check_hub, exit_unreachable
+from data.fineweb import doc_stats
+from pretrain import exits, shards
+from pretrain.files import DirectoryLock, DirectoryLocked, remove_temp_files, write_atomically
 
 TOKENIZER = "gpt2"
 EOT = 50256  # <|endoftext|>, the delimiter that starts every document
@@ -187,7 +188,7 @@ def iter_hub_documents(dataset, name, start):
     try:
         ds = load_dataset(dataset, name=name, split="train", streaming=True)
     except Exception as e:
-        exit_unreachable(dataset, exits.one_line(e), LOCAL_FILES_INSTEAD)
+        exits.exit_unreachable(dataset, exits.one_line(e), LOCAL_FILES_INSTEAD)
     if start:
         ds = ds.skip(start)
     return (example["text"] for example in ds)
@@ -474,7 +475,7 @@ def write_shards(args, files):
             record_doc_lengths(args.out_dir, manifest)
         return
     if not files:
-        check_hub(args.dataset, LOCAL_FILES_INSTEAD)
+        exits.check_hub(args.dataset, LOCAL_FILES_INSTEAD)
 
     writer = ShardWriter(args.out_dir, manifest)
     start_doc, start_tokens, start_shards = writer.doc, writer.tokens_written, len(manifest["shards"])

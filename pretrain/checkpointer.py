@@ -17,12 +17,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from checkpoint import (checkpoint_path, checkpoint_step, load_checkpoint_file, load_training_state, rng_state,
-                        save_checkpoint, save_sharded_checkpoint, set_rng_state, CHECKPOINT_PATTERN)
 from configurator import ConfigError
-from files import fsync_dir, remove_temp_files
-from parallelize import local_shard
-from train_config import ARCHITECTURE_KEYS, MODEL_DEFAULTS
+from pretrain.checkpoint_format import (CHECKPOINT_PATTERN, checkpoint_path, checkpoint_step, load_checkpoint_file,
+                                        load_training_state, rng_state, save_checkpoint, save_sharded_checkpoint,
+                                        set_rng_state)
+from pretrain.files import fsync_dir, remove_temp_files
+from pretrain.parallelize import local_shard
+from pretrain.train_config import ARCHITECTURE_KEYS, MODEL_DEFAULTS
 
 RUN_FILES = ("metrics.jsonl", "train.log", "config.json", "git.diff")  # a run's logs, beside its checkpoints
 

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from files import write_atomically
+from pretrain.files import write_atomically
 
 
 def read_metrics(path):

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-import exits
+from pretrain import exits
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+# the checkout's top folder (this package's parent), computed here once: git provenance, and the entry points
+# that read the repo's own files
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # dense bf16 tensor-core peak FLOP/s per device (vendor datasheets, no sparsity)
 PEAK_BF16_FLOPS = {

@@ -19,7 +19,7 @@ from typing import Literal
 import configurator
 from configurator import ConfigError, Config, config_class, fraction, key, non_negative, positive
 from model import GPTConfig
-from runtime import DTYPES
+from pretrain.runtime import DTYPES
 
 # the choices of a few keys, which optimizers.py and parallelize.py also check
 OPTIMIZERS = ("adamw", "muon")
