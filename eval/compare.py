@@ -39,6 +39,7 @@ import statistics
 import scipy.stats
 
 from eval import common
+from pretrain import exits
 from pretrain.metrics import read_metrics
 from pretrain.train_config import BOOKKEEPING_KEYS, PAIRING_KEYS, TRAIN_KEYS, VARIANT_KEYS, variant_name
 
@@ -378,7 +379,7 @@ def main():
 
     runs = find_runs(args.runs)
     if not runs:
-        sys.exit(f"no run directories (with metrics.jsonl and config.json) in {' '.join(args.runs)}")
+        exits.fail(f"no run directories (with metrics.jsonl and config.json) in {' '.join(args.runs)}")
     settings = group_settings(runs)
     rows, unpaired, warnings = comparison(settings)
     table = markdown(runs, settings, rows, unpaired, warnings)

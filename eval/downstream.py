@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from eval import common
-from pretrain import exits
+from pretrain import checkpointer, exits
 from pretrain.runtime import autocast
 
 # task -> (column, headline metric), in the paper's column order
@@ -251,10 +251,10 @@ def check_data_file(pattern, task, yaml_path):
     whose = f"a data file of task {task} ({shown(str(yaml_path))})"
     for path in map(shown, paths):
         if not os.path.isfile(path):
-            common.fail(f"{path}: no such file, {whose}; data_files are read from the YAML's folder")
+            exits.fail(f"{path}: no such file, {whose}; data_files are read from the YAML's folder")
         json_file = path.endswith((".json", ".jsonl"))
         if os.path.getsize(path) == 0:
-            common.fail(f"{path}: empty, {whose}; it needs the task's examples"
+            exits.fail(f"{path}: empty, {whose}; it needs the task's examples"
                         + (", one JSON object per line" if json_file else ""))
         if not json_file:
             continue
@@ -264,7 +264,7 @@ def check_data_file(pattern, task, yaml_path):
             json.loads(text)  # one JSON document (a list of examples) is data too
             continue
         except UnicodeDecodeError as e:
-            common.fail(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}), {whose}")
+            exits.fail(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}), {whose}")
         except ValueError:
             pass
         for number, line in enumerate(text.splitlines(), 1):
@@ -273,10 +273,10 @@ def check_data_file(pattern, task, yaml_path):
             try:
                 example = json.loads(line)
             except ValueError as e:
-                common.fail(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno}), {whose}; "
+                exits.fail(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno}), {whose}; "
                             f"it needs one JSON object per line")
             if not isinstance(example, dict):
-                common.fail(f"{path}, line {number}: a JSON {type(example).__name__}, not an object, {whose}; "
+                exits.fail(f"{path}, line {number}: a JSON {type(example).__name__}, not an object, {whose}; "
                             f"it needs one JSON object per line")
 
 
@@ -294,7 +294,7 @@ def check_hub(repo_id, task):
         return
     problem = exits.hub_problem(repo_id)
     if problem:
-        common.fail(f"cannot read {repo_id} (the data of task {task}) from the Hugging Face Hub ({problem}); "
+        exits.fail(f"cannot read {repo_id} (the data of task {task}) from the Hugging Face Hub ({problem}); "
                     f"with the data in the local cache, set HF_DATASETS_OFFLINE=1; {NO_HUB_HINT}")
 
 
@@ -337,10 +337,10 @@ def load_tasks(task_manager, names):
             cause = root_cause(e)
             reason = exits.one_line(e) + (f"; {exits.one_line(cause)}" if cause is not e else "")
             if name in hub:
-                common.fail(f"cannot load task {name}, {hub[name]} from the Hub ({reason}); offline, its data must be "
+                exits.fail(f"cannot load task {name}, {hub[name]} from the Hub ({reason}); offline, its data must be "
                             f"in the local cache (a run with Hub access puts it there); {NO_HUB_HINT}")
             where = shown(str(entry.yaml_path)) if entry.yaml_path else "lm-eval"
-            common.fail(f"cannot load task {name} ({where}): {reason}")
+            exits.fail(f"cannot load task {name} ({where}): {reason}")
     return tasks
 
 
@@ -405,7 +405,7 @@ def main():
     try:
         from lm_eval.tasks import TaskManager
     except ImportError:
-        common.fail('eval/downstream.py needs lm-evaluation-harness: pip install "lm-eval>=0.4.13"')
+        exits.fail('eval/downstream.py needs lm-evaluation-harness: pip install "lm-eval>=0.4.13"')
     # absolute, so that the task files are found while a task's data loads from its YAML's folder
     include_path = os.path.abspath(args.include_path) if args.include_path else None
     task_manager = TaskManager(include_path=include_path, include_defaults=not args.no_default_tasks)
@@ -419,7 +419,7 @@ def main():
     report, rows = {}, {}
     for label, path in models.items():
         print(f"evaluating {label}: {path}", flush=True)
-        model, _ = common.load(path, device)
+        model, _ = checkpointer.load_model_or_exit(path, device)
         results = evaluate_model(model, tasks, device, dtype, args.batch_size, limit, task_manager,
                                  args.bootstrap_iters, args.quiet)
         model.to("cpu")  # free the accelerator for the next checkpoint

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from eval import common
 from model import document_segments
+from pretrain import checkpointer
 from pretrain.runtime import autocast
 
 
@@ -270,7 +271,7 @@ def main():
     results, x, y, first_losses = {}, None, None, None
     by_document = args.by == "document"
     for label, path in checkpoints.items():
-        model, config = common.load(path, device)
+        model, config = checkpointer.load_model_or_exit(path, device)
         extend = args.extend_context or bool(args.block_size and args.block_size[0] == "x")
         if x is None:  # the same tokens for every model (the first one's data by default), so the curves compare
             kind, value = args.block_size or ("tokens", config["block_size"])

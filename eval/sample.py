@@ -20,7 +20,7 @@ import tiktoken
 import torch
 
 from eval import common
-from pretrain import exits
+from pretrain import checkpointer, exits
 from pretrain.runtime import autocast
 
 
@@ -39,7 +39,7 @@ def main():
 
     device, dtype = common.device_and_dtype(parser, args)
     torch.manual_seed(args.seed)
-    model, config = common.load(args.checkpoint, device)
+    model, config = checkpointer.load_model_or_exit(args.checkpoint, device)
     enc = tiktoken.get_encoding("gpt2")
     start = args.start
     if start.startswith("FILE:"):
@@ -47,7 +47,7 @@ def main():
             with open(start[len("FILE:"):], encoding="utf-8") as f:
                 start = f.read()
         except (OSError, UnicodeDecodeError) as e:
-            common.fail(f"cannot read the prompt file {start[len('FILE:'):]} ({exits.one_line(e)})")
+            exits.fail(f"cannot read the prompt file {start[len('FILE:'):]} ({exits.one_line(e)})")
     # the end-of-text token is allowed in the prompt: every training document starts with it
     prompt = enc.encode(start, allowed_special={"<|endoftext|>"})
     idx = torch.tensor([prompt], dtype=torch.long, device=device)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask
 
 from eval import common
+from pretrain import checkpointer
 from pretrain.runtime import autocast
 
 QUANTITIES = {
@@ -179,7 +180,7 @@ def main():
 
     results, info = {}, {}
     for label, path in checkpoints.items():
-        model, config = common.load(path, device)
+        model, config = checkpointer.load_model_or_exit(path, device)
         block_size = args.block_size or config["block_size"]
         common.check_block_size(block_size, config, path, "--block_size")
         data_dir, x, _ = common.validation_sequences(args, config, block_size, args.num_sequences)

@@ -13,11 +13,16 @@ ending in a 40-line traceback.
 import signal
 import sys
 
+RETRY = 1  # what running again may get past (a lost connection): the status of any crash
 CONFIG_ERROR = 2  # a bad config, flag or command line: nothing was started or written
 STOPPED = 3  # what running again unchanged cannot fix: missing or corrupt data or checkpoint, a diverged run,
 # a full disk, an out_dir in use or unwritable, the Hugging Face Hub out of reach
 SIGNALLED = {signal.SIGINT: 130, signal.SIGTERM: 143}  # stopped by a signal after checkpointing its step:
 # 128 + the signal, as a shell reports it
+
+
+class TrainingStopped(RuntimeError):
+    """A condition under which continuing a run would waste compute or corrupt it: train.py ends with STOPPED."""
 
 
 def one_line(e, sentence=False):
@@ -32,15 +37,16 @@ def one_line(e, sentence=False):
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def print_error(message):
-    """An error on stderr, one line, flushed: for an entry point that returns its status rather than exit."""
+def error(message, status=STOPPED):
+    """An error, message in one line on stderr (flushed); returns the exit status it ends with, for an entry
+    point that returns its status (train.py) rather than exit at once (fail)."""
     print(message, file=sys.stderr, flush=True)
+    return status
 
 
 def fail(message, status=STOPPED):
     """End the program: message, one line on stderr, and exit status `status`."""
-    print_error(message)
-    sys.exit(status)
+    sys.exit(error(message, status))
 
 
 def hub_problem(repo_id):

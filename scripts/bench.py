@@ -37,10 +37,11 @@ import torch
 from configurator import ConfigError, config_class, key, non_negative, positive
 from model import exclude_self
 from pretrain import exits, train_config
+from pretrain.guards import Guards
 from pretrain.metrics import ThroughputMeter
 from pretrain.parallelize import compile_counts
 from pretrain.runtime import DeviceError, Runtime, enable_tf32, peak_flops, pick_device, resolve_dtype
-from train import Guards, TrainStep, build_model
+from train import TrainStep, build_model
 
 
 @dataclass
@@ -175,8 +176,7 @@ def main():
         variants = parse_variants(c, argv)
         device = pick_device(c.device)
     except (ConfigError, DeviceError) as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(exits.CONFIG_ERROR)
+        exits.fail(f"config error: {e}", exits.CONFIG_ERROR)
     device_type = device.split(":")[0]
     runtime = Runtime(0, 0, 1, device, device_type, distributed=False)
     dtype = resolve_dtype(c.dtype, device_type)

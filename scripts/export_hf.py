@@ -31,8 +31,7 @@ import uuid
 
 import torch
 
-from eval import common
-from pretrain import exits
+from pretrain import checkpointer, exits
 from pretrain.runtime import REPO
 from pretrain.train_config import MODEL_KEYS, TRAIN_KEYS
 
@@ -47,22 +46,16 @@ GPT2_FILES = {  # tiktoken's own GPT-2 files (tiktoken_ext.openai_public.gpt2), 
 EOT = "<|endoftext|>"
 
 
-def exit_config_error(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(exits.CONFIG_ERROR)
-
-
 def checkpoint_to_export(path, which):
     """The checkpoint path: path itself, or a run directory's newest readable checkpoint, or (which="best")
     the checkpoint its newest one names as the best validation loss's."""
-    common.check_checkpoint_path(path)
+    checkpointer.check_checkpoint_path(path)
     if which == "latest" or not os.path.isdir(path) or os.path.exists(os.path.join(path, ".metadata")):
         return path
-    from pretrain import checkpointer
     newest, state = checkpointer.load_latest_checkpoint(path)
     best = (state or {}).get("best_checkpoint")
     if not best or not os.path.exists(os.path.join(path, best["path"])):
-        common.fail(f"cannot export the best checkpoint of {path}: its checkpoints name none (no evaluation was "
+        exits.fail(f"cannot export the best checkpoint of {path}: its checkpoints name none (no evaluation was "
                     f"checkpointed yet, or it was pruned); export the newest with --checkpoint latest")
     return os.path.join(path, best["path"])
 
@@ -72,7 +65,7 @@ def check_model_keys(config, path):
     could hold what this export would silently leave out."""
     unknown = sorted(set(config) - set(TRAIN_KEYS))
     if unknown:
-        common.fail(f"cannot export {path}: its config has keys this exporter does not know ({', '.join(unknown)}); "
+        exits.fail(f"cannot export {path}: its config has keys this exporter does not know ({', '.join(unknown)}); "
                     f"export it with the train.py version that trained it (config.json's git_commit)")
 
 
@@ -129,15 +122,15 @@ def write_export(model, config, folder, dtype, max_shard_size=MAX_SHARD_SIZE):
 def prepare_out(hf_dir, overwrite):
     """A temporary directory beside hf_dir to write into, after the checks on hf_dir."""
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
-        common.fail(f"cannot export to {hf_dir}: it is a file")
+        exits.fail(f"cannot export to {hf_dir}: it is a file")
     if os.path.isdir(hf_dir) and os.listdir(hf_dir) and not overwrite:
-        common.fail(f"cannot export to {hf_dir}: it is not empty; pass --overwrite to replace it")
+        exits.fail(f"cannot export to {hf_dir}: it is not empty; pass --overwrite to replace it")
     parent = os.path.dirname(os.path.abspath(hf_dir))
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(hf_dir))}.tmp{os.getpid()}")
     try:
         os.makedirs(tmp)
     except OSError as e:
-        common.fail(f"cannot write {hf_dir} ({exits.one_line(e)}); give a writable directory")
+        exits.fail(f"cannot write {hf_dir} ({exits.one_line(e)}); give a writable directory")
     return tmp
 
 
@@ -150,16 +143,16 @@ def push_to_hub(folder, repo_id):
     try:
         user = api.whoami()["name"]
     except LocalTokenNotFoundError:
-        exit_config_error("--push_to_hub needs a Hugging Face login: run `hf auth login` (or set HF_TOKEN); "
-                          f"the export in {folder} is complete")
+        exits.fail("error: --push_to_hub needs a Hugging Face login: run `hf auth login` (or set HF_TOKEN); "
+                   f"the export in {folder} is complete", exits.CONFIG_ERROR)
     except Exception as e:
-        common.fail(f"cannot reach the Hugging Face Hub ({exits.one_line(e)}); the export in {folder} is complete")
+        exits.fail(f"cannot reach the Hugging Face Hub ({exits.one_line(e)}); the export in {folder} is complete")
     try:
         api.create_repo(repo_id, repo_type="model", exist_ok=True)
         info = api.upload_folder(folder_path=folder, repo_id=repo_id, repo_type="model",
                                  commit_message="Export of an SA/XSA GPT (scripts/export_hf.py)")
     except Exception as e:
-        common.fail(f"cannot upload {folder} to {repo_id} ({exits.one_line(e)}); the export there is complete")
+        exits.fail(f"cannot upload {folder} to {repo_id} ({exits.one_line(e)}); the export there is complete")
     print(f"pushed to {repo_id} as {user}: {getattr(info, 'commit_url', info)}")
 
 
@@ -177,7 +170,7 @@ def main():
     args = parser.parse_args()
 
     path = checkpoint_to_export(args.checkpoint, args.which)
-    model, config = common.load(path, "cpu")
+    model, config = checkpointer.load_model_or_exit(path, "cpu")
     check_model_keys(config, path)
     tmp = prepare_out(args.hf_dir, args.overwrite)
     try:
@@ -191,7 +184,7 @@ def main():
             os.replace(tmp, args.hf_dir)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        common.fail(f"cannot write {args.hf_dir} ({exits.one_line(e)})")
+        exits.fail(f"cannot write {args.hf_dir} ({exits.one_line(e)})")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

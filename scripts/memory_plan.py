@@ -218,15 +218,13 @@ def measure_peak(c):
 
 
 def main():
-    from pretrain import exits
-    from pretrain import train_config
     from configurator import ConfigError, config_class
+    from pretrain import exits, train_config
     PlanConfig = config_class("PlanConfig", *train_config.SECTIONS, Planner, base=train_config.RunConfig)
     try:
         c, files = train_config.resolve(sys.argv[1:], config_class=PlanConfig, prog="python -m scripts.memory_plan")
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(exits.CONFIG_ERROR)
+        exits.fail(f"config error: {e}", exits.CONFIG_ERROR)
     W = c.world_size if not c.measure else 1
     device_type, dtype = plan_target(c, c.measure)
     counts = parameter_counts(c)

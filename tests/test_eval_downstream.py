@@ -22,11 +22,10 @@ import tiktoken  # noqa: E402
 import yaml  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from pretrain.checkpointer import list_checkpoints  # noqa: E402
 from conftest import REPO, run_in_process, run_script  # noqa: E402
-from eval.common import load_model  # noqa: E402
 from eval.downstream import PAPER_TABLE2, TASKS, make_adapter_class  # noqa: E402
 from fakes.hub import NOWHERE, no_hub_env  # noqa: E402
+from pretrain.checkpointer import list_checkpoints, load_model  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
 # where each task's definition lives inside lm_eval/tasks in lm-eval 0.4.13

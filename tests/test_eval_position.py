@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import MICRO, micro_args, run_eval, run_in_process, run_train
-from eval.common import load_model
 from eval.position_loss import bucket_losses, position_losses
+from pretrain.checkpointer import load_model
 from pretrain.dataloader import val_sequences
 
 

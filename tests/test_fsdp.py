@@ -11,9 +11,8 @@ import sys
 import pytest
 import torch
 
-from eval.common import load_model
-from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint
 from conftest import MICRO, REPO, make_optimizer, micro_args, run_train
+from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, load_model
 from pretrain.dataloader import val_sequences
 from pretrain.metrics import read_metrics
 

@@ -20,8 +20,8 @@ import os
 
 from tqdm import tqdm
 
-from pretrain import shards
-from pretrain.exits import check_hub, one_line
+from pretrain import exits, shards
+from pretrain.exits import check_hub
 
 TRAIN_SHARDS = {"kjj0/fineweb100B-gpt2": 1030, "kjj0/fineweb10B-gpt2": 103}  # all of each dataset
 
@@ -47,11 +47,11 @@ def download_shard(repo_id, filename, out_dir):
         path = hf_hub_download(repo_id=repo_id, filename=filename, repo_type="dataset", local_dir=out_dir,
                                force_download=os.path.exists(path))  # a damaged copy: fetch it again
     except Exception as e:  # the connection lost midway, a file the repo does not have, ...
-        sys.exit(f"{filename}: download from {repo_id} failed ({one_line(e)}); rerun to resume")
+        exits.fail(f"{filename}: download from {repo_id} failed ({exits.one_line(e)}); rerun to resume", exits.RETRY)
     try:
         return shards.read_header(path)
     except shards.ShardError as e:
-        sys.exit(f"downloaded file is not a token shard: {e}")
+        exits.fail(f"downloaded file is not a token shard: {e}")
 
 
 def main():
