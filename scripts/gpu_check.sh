@@ -102,10 +102,10 @@ for head_dim in head_dims:
     idx[:, torch.randint(1, length, (12,))] = config.eot_token
     results = {}
     for name, devices in (("flex", ("cuda",)), ("dense", ())):
-        M.FLEX_DEVICES = devices
-        net.zero_grad(set_to_none=True)
-        loss = net(idx, idx)[1]
-        loss.backward()
+        with M.flex_attention_devices(*devices):
+            net.zero_grad(set_to_none=True)
+            loss = net(idx, idx)[1]
+            loss.backward()
         results[name] = (loss.item(), {n: p.grad.clone() for n, p in net.named_parameters()})
     (flex_loss, flex), (dense_loss, dense) = results["flex"], results["dense"]
     loss_rel = max(loss_rel, abs(flex_loss - dense_loss) / dense_loss)

@@ -268,7 +268,7 @@ def first_token_outputs(model, idx, t):
     hook.remove()
     x = model.transformer.ln_emb(torch.cat((model.sinks.expand(1, -1, -1), model.transformer.wte(idx)), dim=1)
                                  if model.config.n_sinks else model.transformer.wte(idx))
-    cos, sin, _ = model.positions(idx, 0, model.config.n_sinks)
+    cos, sin, _ = model.rope_and_mask(idx, 0, model.config.n_sinks)
     q, k, v = attn.project_qkv(model.transformer.h[0].ln_1(x), cos, sin)
     S, H, D = model.config.n_sinks, model.config.n_head, model.config.head_dim
     z = record["z"][0, S + t].view(H, D)
