@@ -8,8 +8,8 @@ from typing import Literal
 import pytest
 import torch
 
-from conftest import REPO, run_in_process
 from configurator import ConfigError, config_class, key, keys_of, parse_config, positive, resolve
+from conftest import REPO, run_in_process
 
 
 @dataclass

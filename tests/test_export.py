@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from pretrain.checkpoint_format import save_checkpoint
 from conftest import CORPUS, REPO, run_in_process, run_script
+from helpers import MODEL_VARIANTS, with_documents
 from model import GPT, GPTConfig
-from test_generate import VARIANTS, with_documents
+from pretrain.checkpoint_format import save_checkpoint
 from pretrain.train_config import make_config
 
 pytestmark = pytest.mark.slow  # each export builds a tokenizer and writes a model: seconds, not milliseconds
@@ -23,7 +23,7 @@ SMALL = dict(n_layer=2, n_head=4, n_embd=32, head_dim=8, block_size=32)  # GPT-2
 
 def checkpoint_of(variant, folder):
     """A checkpoint file of a model of `variant` whose logits are far from ties, as train.py writes one."""
-    keys = {**SMALL, **VARIANTS[variant]}
+    keys = {**SMALL, **MODEL_VARIANTS[variant]}
     torch.manual_seed(0)
     model = GPT(GPTConfig(**keys))
     with torch.no_grad():
@@ -43,7 +43,7 @@ def exports(tmp_path_factory):
     """{variant: (export folder, the checkpoint's GPT)} for every variant the repo trains."""
     root = tmp_path_factory.mktemp("exports")
     made = {}
-    for variant in VARIANTS:
+    for variant in MODEL_VARIANTS:
         path, model = checkpoint_of(variant, root / f"run_{variant}")
         folder = root / f"hf_{variant}"
         result = run_in_process([*EXPORT, path, folder])
@@ -58,7 +58,7 @@ def real_text_tokens(n):
         return torch.tensor([tiktoken.get_encoding("gpt2").encode_ordinary(f.read(20_000))[:n]])
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", MODEL_VARIANTS)
 def test_exported_logits_equal_the_checkpoints(exports, variant):
     folder, model = exports[variant]
     exported = load_export(folder)
@@ -70,7 +70,7 @@ def test_exported_logits_equal_the_checkpoints(exports, variant):
         assert torch.allclose(theirs, ours, rtol=1e-5, atol=1e-5 * ours.abs().max().item())
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", MODEL_VARIANTS)
 def test_transformers_greedy_generate_with_the_cache_equals_without_and_the_full_forward(exports, variant):
     """transformers' own generate: use_cache passes its DynamicCache to model.py's attention; a batch of 3
     prompts of different lengths is left-padded, with an attention mask, and each row continues as alone."""

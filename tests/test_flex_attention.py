@@ -6,10 +6,10 @@ runs it beside the rest."""
 import pytest
 import torch
 
+from helpers import (COMPILE_VARIANTS, DOCUMENT_VARIANTS, assert_similarity_reads_the_document_mask, document_model,
+                     documents, explain, packed_batch)
 import model as model_module
 from model import flex_attention_devices
-from test_document_mask import (COMPILE_VARIANTS, VARIANTS, assert_similarity_reads_the_document_mask, document_model,
-                                documents, explain, packed_batch)
 
 
 def use_flex_on_cpu(monkeypatch, backend):
@@ -37,11 +37,11 @@ def flex_on_cpu(monkeypatch):
     dynamo.reset()
 
 
-@pytest.mark.parametrize("variant,backend", [(v, "eager") for v in VARIANTS] + [
+@pytest.mark.parametrize("variant,backend", [(v, "eager") for v in DOCUMENT_VARIANTS] + [
     pytest.param(v, "inductor", marks=pytest.mark.slow) for v in ("xsa_sinks", "gated_gqa")])
 def test_flex_attention_equals_the_dense_mask(variant, backend, monkeypatch):
     use_flex_on_cpu(monkeypatch, backend)
-    model = document_model(dtype=torch.float32, **VARIANTS[variant])
+    model = document_model(dtype=torch.float32, **DOCUMENT_VARIANTS[variant])
     idx = packed_batch()
     with torch.no_grad():
         with flex_attention_devices(*FLEX_ON_CPU):

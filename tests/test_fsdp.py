@@ -12,31 +12,14 @@ import pytest
 import torch
 
 from conftest import MICRO, REPO, make_optimizer, micro_args, run_train
+from helpers import PARALLEL_RUN, assert_same_training, records
 from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, load_model
 from pretrain.dataloader import val_sequences
-from pretrain.metrics import read_metrics
 
 # one global batch of 4 x 2 sequences: 1 process x 4 micro-steps, or 2 processes x 2 micro-steps;
 # 5 val sequences: on 2 processes 3 and 2, in batches of 2, so FSDP's collective forwards must line up
-RUN = dict(max_iters=6, lr_decay_iters=6, batch_size=2, total_batch_size=2 * 2 * 32 * 2, checkpoint_interval=2,
-           eval_interval=100, val_tokens=5 * 32)
 # the two-process FSDP runs: XSA also with every block's activations recomputed
 FSDP = {"sa": dict(parallelism="fsdp"), "xsa": dict(parallelism="fsdp", activation_checkpointing="block")}
-
-
-def records(out_dir):
-    return read_metrics(os.path.join(out_dir, "metrics.jsonl"))
-
-
-def assert_same_training(run, reference, steps, rel=1e-4):
-    """Equal train losses and gradient norms at `steps`, and equal final val losses (to rel)."""
-    got = {r["step"]: r for r in records(run)}
-    want = {r["step"]: r for r in records(reference)}
-    assert sorted(got) == list(steps)
-    for step in steps:
-        assert got[step]["train_loss"] == pytest.approx(want[step]["train_loss"], rel=rel), step
-        assert got[step]["grad_norm"] == pytest.approx(want[step]["grad_norm"], rel=rel), step
-    assert got[steps[-1]]["val_loss"] == pytest.approx(want[steps[-1]]["val_loss"], rel=rel)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +28,7 @@ def one_process(data_dir, tmp_path_factory):
     runs = {}
     for attn_type in ("sa", "xsa"):
         runs[attn_type] = str(tmp_path_factory.mktemp(f"one_{attn_type}"))
-        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, **RUN))
+        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, **PARALLEL_RUN))
     return runs
 
 
@@ -55,7 +38,7 @@ def fsdp_runs(data_dir, tmp_path_factory):
     runs = {}
     for attn_type, settings in FSDP.items():
         runs[attn_type] = str(tmp_path_factory.mktemp(f"fsdp_{attn_type}"))
-        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, **RUN, **settings), nproc=2)
+        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, **PARALLEL_RUN, **settings), nproc=2)
     return runs
 
 
@@ -71,7 +54,7 @@ def test_two_process_fsdp_matches_one_process(one_process, fsdp_runs, attn_type)
 def test_two_process_fsdp_muon_matches_ddp_muon_and_resumes(data_dir, tmp_path):
     """Muon orthogonalises whole matrices under FSDP too (all-gathered, not shard by shard): the same
     losses as DDP, where every process holds whole matrices, and a sharded Muon checkpoint resumes."""
-    muon = dict(RUN, optimizer="muon", attn_type="xsa", learning_rate=1e-2)
+    muon = dict(PARALLEL_RUN, optimizer="muon", attn_type="xsa", learning_rate=1e-2)
     ddp, fsdp = str(tmp_path / "ddp"), str(tmp_path / "fsdp")
     run_train(micro_args(data_dir, ddp, **muon), nproc=2)
     run_train(micro_args(data_dir, fsdp, parallelism="fsdp", **{**muon, "max_iters": 4}), nproc=2)
@@ -96,7 +79,7 @@ def test_compiled_two_process_training_with_recomputed_blocks_matches_eager(data
     DDP and FSDP: graphs compiled, no graph break, the eager single-process losses, and checkpoints of
     the uncompiled state dict (no _orig_mod. prefixes)."""
     out = str(tmp_path / "run")
-    proc = run_train(micro_args(data_dir, out, attn_type="xsa", compile=True, **RUN, **COMPILED[name]), nproc=2)
+    proc = run_train(micro_args(data_dir, out, attn_type="xsa", compile=True, **PARALLEL_RUN, **COMPILED[name]), nproc=2)
     summary = re.search(r"^torch.compile: (\d+) graphs, (\d+) graph breaks", proc.stdout, re.M)
     assert summary, proc.stdout[-2000:]
     graphs, breaks = int(summary.group(1)), int(summary.group(2))
@@ -150,7 +133,7 @@ def test_fsdp_checkpoint_resumes_in_ddp(data_dir, tmp_path, one_process, fsdp_ru
     """On one process (no process group) and on two DDP processes (each reads every shard)."""
     out = str(tmp_path / "run")
     copy_checkpoint(fsdp_runs[attn_type], "ckpt_0000004", out)
-    proc = run_train(micro_args(data_dir, out, attn_type=attn_type, init_from="resume", **RUN), nproc=nproc)
+    proc = run_train(micro_args(data_dir, out, attn_type=attn_type, init_from="resume", **PARALLEL_RUN), nproc=nproc)
     assert "resuming from" in proc.stdout and "at step 4" in proc.stdout
     assert ("checkpoint has RNG states of 2 ranks, resuming on 1" in proc.stdout) == (nproc == 1)
     assert_same_training(out, one_process[attn_type], steps=[5, 6])
@@ -161,7 +144,7 @@ def test_fsdp_checkpoint_resumes_in_ddp(data_dir, tmp_path, one_process, fsdp_ru
 def test_single_file_checkpoint_resumes_in_two_process_fsdp(data_dir, tmp_path, one_process):
     out = str(tmp_path / "run")
     copy_checkpoint(one_process["xsa"], "ckpt_0000004.pt", out)
-    proc = run_train(micro_args(data_dir, out, attn_type="xsa", init_from="resume", **RUN, **FSDP["xsa"]), nproc=2)
+    proc = run_train(micro_args(data_dir, out, attn_type="xsa", init_from="resume", **PARALLEL_RUN, **FSDP["xsa"]), nproc=2)
     assert "at step 4" in proc.stdout
     assert_same_training(out, one_process["xsa"], steps=[5, 6])
     assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004.pt", "ckpt_0000006"]
@@ -190,7 +173,7 @@ def test_sharded_checkpoint_loads_for_evaluation(data_dir, fsdp_runs):
     """eval/*.py's load_model, in one process without a process group: the run's last val loss."""
     model, config = load_model(fsdp_runs["sa"])
     assert config["parallelism"] == "fsdp" and not model.training
-    x, y = val_sequences(data_dir, MICRO["block_size"], RUN["val_tokens"])
+    x, y = val_sequences(data_dir, MICRO["block_size"], PARALLEL_RUN["val_tokens"])
     with torch.no_grad():
         val_loss = model(x, y)[1].item()
     assert val_loss == pytest.approx(records(fsdp_runs["sa"])[-1]["val_loss"], rel=1e-5)
@@ -239,7 +222,7 @@ def test_corrupted_shard_is_found_by_the_process_checking_it_and_all_fall_back(d
     with open(shard, "r+b") as f:  # same size, other bytes: only the checksum can tell
         f.seek(os.path.getsize(shard) // 2)
         f.write(b"\xff" * 64)
-    proc = run_train(micro_args(data_dir, out, init_from="resume", **RUN, **FSDP["sa"]), nproc=2)
+    proc = run_train(micro_args(data_dir, out, init_from="resume", **PARALLEL_RUN, **FSDP["sa"]), nproc=2)
     assert "skipping unreadable checkpoint" in proc.stderr and "__1_0.distcp does not match its checksum" in proc.stderr
     assert "at step 4" in proc.stdout
     assert_same_training(out, one_process["sa"], steps=range(1, 7))

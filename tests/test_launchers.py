@@ -16,8 +16,8 @@ import time
 import pytest
 
 from conftest import HANG_GUARD_S, REPO, micro_args, run_script
+from helpers import dry_run
 from pretrain.metrics import read_metrics
-from test_sweeps import dry_run
 
 FOREVER = os.path.join(REPO, "scripts", "train_forever.sh")
 SLURM = os.path.join(REPO, "scripts", "slurm_train.sh")

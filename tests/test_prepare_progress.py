@@ -3,13 +3,13 @@
 import fcntl
 import os
 import pty
-import re
 import struct
 import subprocess
 import sys
 import termios
 
 from conftest import PREPARE, REPO, prepare_args, run_prepare
+from helpers import ETA, last_bar
 
 
 def run_on_a_terminal(cmd):
@@ -29,13 +29,6 @@ def run_on_a_terminal(cmd):
         output += chunk
     os.close(controller)
     return proc.wait(), output.decode()
-
-
-def last_bar(stderr):
-    return re.split(r"[\r\n]+", stderr.strip())[-1]
-
-
-ETA = re.compile(r"\[\d\d:\d\d<\d\d:\d\d")  # [elapsed<remaining
 
 
 def test_progress_bar_counts_documents_to_the_total_of_the_input(parquet_file, docs, tmp_path):

@@ -12,8 +12,8 @@ import subprocess
 import pytest
 
 from conftest import HANG_GUARD_S, REPO, run_script
+from helpers import config_value, sweep_env
 from pretrain.shards import list_shards, read_header
-from test_sweeps import config_value, sweep_env
 
 # quickstart.sh prepares data and trains in subprocesses: the slow tier
 pytestmark = pytest.mark.slow

@@ -12,9 +12,9 @@ import time
 import pytest
 import torch
 
+from conftest import CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, make_optimizer, micro_args, run_script, run_train
 from pretrain.checkpoint_format import save_checkpoint
 from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, prune_checkpoints
-from conftest import CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, make_optimizer, micro_args, run_script, run_train
 from pretrain.metrics import read_metrics
 
 # dropout makes every step draw random numbers, so a lost RNG state would show in the losses
@@ -156,6 +156,40 @@ def test_checkpoint_holds_the_documented_state_and_loads_weights_only(data_dir, 
     assert state["step"] == 4 and not any(k.startswith("_orig_mod.") for k in state["model"])
     assert {"python", "numpy", "torch"} <= set(state["rng"][0])
     assert state["loader"]["offset"] > 0 and state["config"]["n_layer"] == 2
+
+
+def pickled_modules(path):
+    """The modules whose names a torch checkpoint file's pickle refers to (its GLOBAL opcodes)."""
+    import pickletools
+    import zipfile
+    with zipfile.ZipFile(path) as archive:
+        data = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    modules, strings = set(), []
+    for opcode, arg, _ in pickletools.genops(data):
+        if opcode.name == "GLOBAL":
+            modules.add(arg.split(" ")[0])
+        elif opcode.name == "STACK_GLOBAL":
+            modules.add(strings[-2])
+        elif opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            strings.append(arg)
+    return modules
+
+
+@pytest.mark.slow
+def test_a_checkpoint_written_before_the_package_still_resumes(data_dir, tmp_path, uninterrupted):
+    """A checkpoint file is plain containers and tensors, with no path of the code that wrote it: the one the
+    flat layout wrote (checkpoint.py, checkpointer.py at the root) is this same dict, saved by torch.save, and
+    resumes as the uninterrupted run continues."""
+    path = os.path.join(uninterrupted["sa"], "ckpt_0000004.pt")
+    modules = pickled_modules(path)
+    assert modules and all(m.split(".")[0] in ("torch", "collections", "builtins", "_codecs") for m in modules), \
+        modules  # nothing of the repo: pretrain, checkpointer, checkpoint, train_config, model, ...
+    out = tmp_path / "flat_layout_run"
+    out.mkdir()
+    torch.save(torch.load(path, weights_only=True), out / "ckpt_0000004.pt")  # as the flat layout's code saved it
+    proc = run_train(micro_args(data_dir, str(out), init_from="resume", **RESUME))
+    assert "at step 4" in proc.stdout
+    assert losses(out) == [(step, loss) for step, loss in losses(uninterrupted["sa"]) if step > 4]
 
 
 def test_failed_checkpoint_write_leaves_previous_intact(tmp_path, monkeypatch):

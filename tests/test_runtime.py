@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain import runtime
 from conftest import REPO, run_script
+from pretrain import runtime
 from pretrain.runtime import DeviceError, pick_device, setup_runtime
 
 

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conftest import HANG_GUARD_S, REPO, micro_args, run_script
+from helpers import config_value, dry_run, run_sweep, sweep_env
 from pretrain.metrics import read_metrics
 
 # every test starts a sweep script (scripts/*.sh), some train: the slow tier
@@ -20,59 +21,7 @@ pytestmark = pytest.mark.slow
 
 SCRIPTS = ["sweep_lr.sh", "sweep_seqlen.sh", "sweep_sinks.sh", "sweep_sizes.sh", "sweep_optimizer.sh",
            "small_study.sh"]
-SWEEP_ENV = ("NPROC", "GPUS", "SEEDS", "OUT_ROOT", "DRY_RUN", "PYTHON", "SIZE", "SIZES", "LRS", "LENGTHS", "OPTIMIZERS",
-             "SINKS", "MASKS", "TOTAL_BATCH_SIZE", "TOKENS_PER_MICRO", "DATA_DIR", "INPUT", "MAX_TOKENS",
-             "CUDA_VISIBLE_DEVICES")
 PAPER_TOKENS_PER_STEP = 524_288
-
-
-def sweep_env(**env):
-    clean = {k: v for k, v in os.environ.items() if k not in SWEEP_ENV}
-    return {**clean, "PYTHON": sys.executable, "NPROC": "1", **env}
-
-
-def run_sweep(script, *args, check=True, timeout=HANG_GUARD_S, **env):
-    proc = run_script([os.path.join(REPO, "scripts", script), *args], env=sweep_env(**env), timeout=timeout,
-                      cwd="/")  # the scripts find the repo themselves
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def dry_run(script, *args, with_output=False, **env):
-    """The train.py launches a sweep would make: [{"env", "launcher", "config", "args", "overrides"}] (and the
-    sweep's whole Result, with_output)."""
-    proc = run_sweep(script, *args, DRY_RUN="1", **env)
-    out = proc.stdout
-    commands = []
-    for line in out.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        words = shlex.split(line)
-        prefix = {}
-        while "=" in words[0] and not words[0].startswith("-"):
-            key, value = words.pop(0).split("=", 1)
-            prefix[key] = value
-        if "train.py" not in words:
-            continue  # prepare.py, compare.py
-        at = words.index("train.py")
-        args = words[at + 2:]
-        overrides = dict(a[2:].split("=", 1) for a in args)  # the last value of a key wins, as in train.py
-        commands.append({"env": prefix, "launcher": words[:at + 1], "config": words[at + 1], "args": args,
-                         "overrides": overrides})
-    return (commands, proc) if with_output else commands
-
-
-def config_value(config_file, key):
-    """A key of a config file, read by executing it (independently of the scripts)."""
-    namespace = {}
-    cwd = os.getcwd()
-    os.chdir(REPO)
-    try:
-        exec(open(config_file).read(), namespace)
-    finally:
-        os.chdir(cwd)
-    return namespace[key]
 
 
 def check_names(cmd, out_root, sweep, name, group):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, TRAINED_RUN, TRAINED_STEPS, micro_args, run_script, run_train
+from helpers import unigram_cross_entropy
 from pretrain.metrics import read_metrics
 from pretrain.shards import list_shards, read_shard
 
@@ -17,14 +18,6 @@ from pretrain.shards import list_shards, read_shard
 pytestmark = pytest.mark.slow
 
 FIELDS = {"step", "train_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "peak_mem_gb", "tokens", "elapsed_s", "time"}
-
-
-def unigram_cross_entropy(data_dir, n_val_tokens):
-    """Loss of the best context-free model: train-set token frequencies (add-1/2) scored on the val tokens."""
-    train = np.concatenate([np.asarray(read_shard(p)) for p in list_shards(data_dir, "train")])
-    counts = np.bincount(train, minlength=2 ** 16).astype(np.float64) + 0.5
-    val = np.asarray(read_shard(list_shards(data_dir, "val")[0]))[1:n_val_tokens + 1]
-    return float(-np.log(counts[val] / counts.sum()).mean())
 
 
 def expected_lr(step, peak, warmup, decay_iters, min_lr):
