@@ -10,7 +10,7 @@ FSDP2, for models whose training state does not fit on one GPU (scripts/memory_p
 Continue an interrupted (or finished, with a larger max_iters) run:
     torchrun --standalone --nproc_per_node=8 train.py config/xsa_2p7b.py --init_from=resume
 
-Every config key, its default and meaning: train_config.py, or `python train.py --help`.
+Every config key, its default and meaning: pretrain/train_config.py, or `python train.py --help`.
 """
 
 import collections
@@ -99,7 +99,7 @@ def sample_text(model, runtime, dtype, seed, max_new_tokens=64):
 # One step, judged by the guards (pretrain/guards.py); scripts/bench.py times this very step
 
 class TrainStep:
-    """One optimizer step, as train.py runs it and bench.py times it: grad_accum micro-steps of forward
+    """One optimizer step, as train.py runs it and scripts/bench.py times it: grad_accum micro-steps of forward
     and backward (gradients reduced across processes on the last one only), the global gradient norm
     clipped, the guards' verdict, then the update unless they refuse it (a non-finite step)."""
 

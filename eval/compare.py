@@ -7,7 +7,7 @@ a markdown table of the final validation losses and each variant's difference fr
     python -m eval.compare 'out/small_study/*' --out out/small_study --smooth 0.9
     python -m eval.compare out/sweep_seqlen --out out/sweep_seqlen  # a directory of run directories
 
-train_config.py declares the key groups used here. A run's *variant* is its VARIANT_KEYS (attn_type,
+pretrain/train_config.py declares the key groups used here. A run's *variant* is its VARIANT_KEYS (attn_type,
 xsa_gate, xsa_layers), named by train_config.variant_name ("sa", "xsa", "xsa_gate", "xsa_last4",
 "xsa_blocks0-5"); a run whose config predates a variant key has that key's default (no xsa_gate:
 plain XSA).

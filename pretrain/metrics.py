@@ -2,7 +2,7 @@
 Run logging on the main process: stdout copied to <out_dir>/train.log, one JSON object per
 logged step in <out_dir>/metrics.jsonl, and the same metrics to wandb when enabled.
 Plots need only the JSONL files (eval/compare.py), no wandb account.
-And the throughput meter (tokens/s, MFU) that train.py and bench.py share.
+And the throughput meter (tokens/s, MFU) that train.py and scripts/bench.py share.
 """
 
 import json

@@ -7,8 +7,8 @@ and overrides set any key by its name (configurator.py):
 
     python train.py config/xsa_0p7b.py --learning_rate=3e-4
 
-The resolved config is a TrainConfig, read by attribute: `c.learning_rate`. train.py, bench.py,
-checkpoint.py, eval/compare.py, scripts/memory_plan.py and the sweep scripts all take the keys from
+The resolved config is a TrainConfig, read by attribute: `c.learning_rate`. train.py, scripts/bench.py,
+checkpointer.py, eval/compare.py, scripts/memory_plan.py and the sweep scripts all take the keys from
 here. docs/extending.md lists what adding a key or an attention variant touches.
 """
 
@@ -172,7 +172,7 @@ MODEL_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}
 
 
 class RunConfig(Config):
-    """A config that builds a model: TrainConfig, and the configs of bench.py and memory_plan.py,
+    """A config that builds a model: TrainConfig, and the configs of scripts/bench.py and memory_plan.py,
     which add their own keys to train.py's."""
 
     def model_config(self):
@@ -183,7 +183,7 @@ TrainConfig = config_class("TrainConfig", *SECTIONS, base=RunConfig)
 TRAIN_KEYS = TrainConfig.keys
 
 # -----------------------------------------------------------------------------
-# key groups (checkpoint.py, eval/compare.py)
+# key groups (checkpointer.py, eval/compare.py)
 
 # what the parameters are and compute, every model key but two a trained model may continue with other
 # values of (a longer context: RoPE has no learned positions; dropout): a checkpoint resumes only into a

@@ -46,7 +46,7 @@ from train import TrainStep, build_model
 
 @dataclass
 class Bench:
-    """bench.py's own keys, beside every key of train.py."""
+    """scripts/bench.py's own keys, beside every key of train.py."""
     bench_rounds: int = key(10, "alternating timing rounds per variant", check=positive)
     bench_steps: int = key(3, "training steps per round", check=positive)
     bench_warmup: int = key(3, "untimed steps per variant before the first round (compilation happens here)",

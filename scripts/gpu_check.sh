@@ -2,12 +2,12 @@
 # The GPU path checked in one run (about 8 minutes on one H100 or H200), ending in one table in
 # docs/performance.md's format:
 #   1. the 0.7B model (24 x 1536, 6 heads of 256) at context 2048 in bf16, SA and XSA, compile off and
-#      on: ms/step, tokens/s, MFU, peak memory, XSA/SA, and the graphs and graph breaks compiled (bench.py)
-#   2. the SDPA backend its attention runs on, and XSA's orthogonality |z.v|/(|v||y|) in bf16 (bench.py)
+#      on: ms/step, tokens/s, MFU, peak memory, XSA/SA, and the graphs and graph breaks compiled (scripts/bench.py)
+#   2. the SDPA backend its attention runs on, and XSA's orthogonality |z.v|/(|v||y|) in bf16 (scripts/bench.py)
 #   3. one compiled FSDP training run on NCCL (torchrun, one process per GPU), and a resume from its
 #      checkpoint that must reach the uninterrupted run's loss
 #   4. the document mask (FlexAttention) against the causal one at T = 2048 and 8192, the same tokens per
-#      step, FineWeb-like documents: ms/step and the ratio document / causal (bench.py --attn_mask=document)
+#      step, FineWeb-like documents: ms/step and the ratio document / causal (scripts/bench.py --attn_mask=document)
 #   5. FlexAttention's document mask against SDPA with the same mask as a dense boolean matrix: the loss and
 #      every parameter's gradient (the CPU has no FlexAttention backward: only here is it checked)
 #
@@ -50,7 +50,7 @@ fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
 
-# 1 and 2: bench.py, compile off then on
+# 1 and 2: scripts/bench.py, compile off then on
 for compile in False True; do
     python -m scripts.bench "${model[@]}" "${system[@]}" --batch_size="$batch" --compile="$compile" "${timing[@]}" \
         --bench_variants=sa,xsa --bench_json="$OUT/bench_compile_$compile.json" | tee "$OUT/bench_compile_$compile.log"

@@ -103,7 +103,7 @@ slot_nproc() {
 # "NAME MAX_ITERS [STEP]": its name (the template with {variant} replaced by the attention variant of its
 # config, as train_config.variant_name spells it: sa, xsa, xsa_gate, xsa_last6, ...), the max_iters it
 # trains to (resolved as train.py resolves it) and the step of the newest checkpoint in
-# SWEEP_DIR/NAME, if it has one, as checkpointer.py lists them. One process for the whole
+# SWEEP_DIR/NAME, if it has one, as pretrain/checkpointer.py lists them. One process for the whole
 # sweep: importing torch once, not once per run.
 plan_runs() {
     "$PYTHON" - "$@" <<'PY'

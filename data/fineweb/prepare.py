@@ -1,5 +1,5 @@
 """
-FineWeb (or any local text) -> GPT-2 token shards in the llm.c format (see shards.py).
+FineWeb (or any local text) -> GPT-2 token shards in the llm.c format (see pretrain/shards.py).
 
 The documents are tokenized by a pool of worker processes, each document as
 [50256] + encode_ordinary(text), and concatenated into one token stream that is cut into
