@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from configurator import ConfigError
 from model import GPT
 from pretrain import exits, train_config
-from pretrain.checkpointer import (Checkpointer, NonFiniteState, RunState, clean_run_dir, list_checkpoints, lock_run_dir,
-                                   record_run, set_aside_run)
+from pretrain.checkpointer import (Checkpointer, NonFiniteState, RunState, clean_run_dir, list_checkpoints,
+                                   lock_run_dir, record_run, set_aside_run)
 from pretrain.dataloader import TrainLoader, val_sequences
 from pretrain.exits import TrainingStopped
 from pretrain.files import write_atomically

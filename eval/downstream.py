@@ -255,7 +255,7 @@ def check_data_file(pattern, task, yaml_path):
         json_file = path.endswith((".json", ".jsonl"))
         if os.path.getsize(path) == 0:
             exits.fail(f"{path}: empty, {whose}; it needs the task's examples"
-                        + (", one JSON object per line" if json_file else ""))
+                       + (", one JSON object per line" if json_file else ""))
         if not json_file:
             continue
         try:
@@ -274,10 +274,10 @@ def check_data_file(pattern, task, yaml_path):
                 example = json.loads(line)
             except ValueError as e:
                 exits.fail(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno}), {whose}; "
-                            f"it needs one JSON object per line")
+                           f"it needs one JSON object per line")
             if not isinstance(example, dict):
                 exits.fail(f"{path}, line {number}: a JSON {type(example).__name__}, not an object, {whose}; "
-                            f"it needs one JSON object per line")
+                           f"it needs one JSON object per line")
 
 
 def hub_dataset(entry):
@@ -295,7 +295,7 @@ def check_hub(repo_id, task):
     problem = exits.hub_problem(repo_id)
     if problem:
         exits.fail(f"cannot read {repo_id} (the data of task {task}) from the Hugging Face Hub ({problem}); "
-                    f"with the data in the local cache, set HF_DATASETS_OFFLINE=1; {NO_HUB_HINT}")
+                   f"with the data in the local cache, set HF_DATASETS_OFFLINE=1; {NO_HUB_HINT}")
 
 
 @contextlib.contextmanager
@@ -338,7 +338,7 @@ def load_tasks(task_manager, names):
             reason = exits.one_line(e) + (f"; {exits.one_line(cause)}" if cause is not e else "")
             if name in hub:
                 exits.fail(f"cannot load task {name}, {hub[name]} from the Hub ({reason}); offline, its data must be "
-                            f"in the local cache (a run with Hub access puts it there); {NO_HUB_HINT}")
+                           f"in the local cache (a run with Hub access puts it there); {NO_HUB_HINT}")
             where = shown(str(entry.yaml_path)) if entry.yaml_path else "lm-eval"
             exits.fail(f"cannot load task {name} ({where}): {reason}")
     return tasks

@@ -56,7 +56,7 @@ def checkpoint_to_export(path, which):
     best = (state or {}).get("best_checkpoint")
     if not best or not os.path.exists(os.path.join(path, best["path"])):
         exits.fail(f"cannot export the best checkpoint of {path}: its checkpoints name none (no evaluation was "
-                    f"checkpointed yet, or it was pruned); export the newest with --checkpoint latest")
+                   f"checkpointed yet, or it was pruned); export the newest with --checkpoint latest")
     return os.path.join(path, best["path"])
 
 
@@ -66,7 +66,7 @@ def check_model_keys(config, path):
     unknown = sorted(set(config) - set(TRAIN_KEYS))
     if unknown:
         exits.fail(f"cannot export {path}: its config has keys this exporter does not know ({', '.join(unknown)}); "
-                    f"export it with the train.py version that trained it (config.json's git_commit)")
+                   f"export it with the train.py version that trained it (config.json's git_commit)")
 
 
 def load_package(folder):
