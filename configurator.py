@@ -1,6 +1,6 @@
 """
 nanoGPT-style configuration, checked against a schema. An entry point's keys are dataclass fields
-made with `key()` (train_config.py): each carries its default, type, one-line meaning, the checks its
+made with `key()` (pretrain/train_config.py): each carries its default, type, one-line meaning, the checks its
 value must pass and, for a None default, the value it derives from the other keys. The command line
 names config files (plain Python, executed in order) and `--key=value` overrides (parsed with
 ast.literal_eval, else taken as a string; a text key always takes the text):

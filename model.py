@@ -13,6 +13,7 @@ grouped-query attention (n_kv_head), XSA in some blocks only (xsa_layers), and a
 within documents only (attn_mask="document").
 """
 
+import contextlib
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -25,9 +26,10 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 ATTN_TYPES = ("sa", "xsa")
 ATTN_MASKS = ("causal", "document")
-# devices on which a document mask runs as FlexAttention with a block-sparse mask (the blocks between two
-# documents are skipped); elsewhere it is SDPA with a dense boolean mask: FlexAttention has no backward on CPU
-FLEX_DEVICES = ("cuda",)
+# the device types on which a document mask runs as FlexAttention with a block-sparse mask (the blocks between
+# two documents are skipped); elsewhere it is SDPA with a dense boolean mask: FlexAttention has no backward on
+# CPU. Changed only within flex_attention_devices.
+_flex_devices = ("cuda",)
 
 
 def key(default, meaning, variant=None):
@@ -217,6 +219,19 @@ def apply_rope(x, cos, sin):
 _compiled_flex = None  # (flex_attention, create_block_mask) compiled, once first needed
 
 
+@contextlib.contextmanager
+def flex_attention_devices(*device_types):
+    """Within it, a document mask runs as FlexAttention on these device types (by default CUDA alone), e.g.
+    ("cuda", "cpu") to run FlexAttention's forward on the CPU, or none for the dense mask everywhere;
+    restored on exit."""
+    global _flex_devices
+    before, _flex_devices = _flex_devices, tuple(device_types)
+    try:
+        yield
+    finally:
+        _flex_devices = before
+
+
 def flex_functions():
     """FlexAttention and its block-mask builder. Inside a compiled model, the model's graph holds them. Outside
     one, fused kernels need them compiled on their own: done on first use, so that importing model.py stays
@@ -318,7 +333,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, cos, sin, mask=None, cache=None):
         """mask: None for causal attention over x alone (nothing cached); a BlockMask (documents, on
-        FLEX_DEVICES); else which keys each query sees, (B or 1, 1, T, cached + T) booleans. cache: the
+        flex_attention_devices); else which keys each query sees, (B or 1, 1, T, cached + T) booleans. cache: the
         earlier positions' keys and values, extended here."""
         B, T, _ = x.size()
         q, k, v = self.project_qkv(x, cos, sin)
@@ -431,14 +446,15 @@ class GPT(nn.Module):
             self.context = length
             self.set_rope_tables()
 
-    def positions(self, idx, past, sinks, attention_mask=None, cache=None):
+    def rope_and_mask(self, idx, past, sinks, attention_mask=None, tokens=None):
         """(cos, sin, mask) of the sinks (if `sinks`) and tokens idx that follow `past` cached positions
         (sinks included). Under a causal mask without an attention mask, every sequence has the same
         positions, and the mask is None (SDPA's is_causal) when nothing is cached. Otherwise each sequence
         has positions of its own: with an attention mask (B, cached tokens + T), left padding is never
         attended to and positions count real tokens only (a padded query sees itself alone; its output is
         never used); under a document mask, a query sees only its own document's tokens (and the sinks),
-        and positions restart at each document. cache.tokens keeps the token ids a document mask splits."""
+        and positions restart at each document. tokens: the token ids so far, the cached ones then idx
+        (cached_tokens), which a document mask splits into documents; idx when nothing is cached."""
         S, document = self.config.n_sinks, self.config.attn_mask == "document"
         B, new = idx.size(0), sinks + idx.size(1)
         if attention_mask is None and not document:
@@ -447,37 +463,64 @@ class GPT(nn.Module):
                 return cos, sin, None
             keys = torch.arange(past + new, device=cos.device)
             return cos, sin, (keys <= keys[past:, None]).view(1, 1, new, past + new)
-        tokens = idx
-        if document and cache is not None:  # the document a new token is in may have begun earlier
-            if past:  # the cached positions' tokens (a cache cropped since, by assisted decoding, holds fewer)
-                history = getattr(cache, "tokens", None)
-                if history is None or history.size(0) != B or history.size(1) < past - S:
-                    raise ValueError("a document mask needs the token ids of the cached positions in cache.tokens, "
-                                     "row for row (a cache whose rows were reordered must reorder them too)")
-                tokens = torch.cat((history[:, :past - S], idx), dim=1)
-            cache.tokens = tokens
         valid = (attention_mask.bool() if attention_mask is not None
                  else torch.ones(B, past - S + new, dtype=torch.bool, device=idx.device))
-        if document:
+        positions, segments = self.positions(idx if tokens is None else tokens, valid, past)
+        cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
+        if self.runs_flex_attention(idx.device, past, attention_mask):
+            return cos, sin, document_block_mask(segments, S)
+        return cos, sin, self.dense_mask(valid, segments, past, new)
+
+    def positions(self, tokens, valid, past):
+        """(positions, segments) of the positions after the `past` cached ones, for tokens (B, L) so far of
+        which `valid` are real (False: left padding): each new position's RoPE position (B, new), the sinks'
+        first, then the tokens' counting real tokens only, from 0 again at each document under a document
+        mask; and there, the document of every position so far (B, S + L; the sinks' -1), else None."""
+        S, B = self.config.n_sinks, tokens.size(0)
+        if self.config.attn_mask == "document":
             segments, token_positions = document_segments(tokens, valid, self.config.eot_token)
         else:
-            token_positions = (valid.long().cumsum(dim=1) - 1).clamp_min(0)
-        sink_positions = torch.arange(S, device=idx.device).expand(B, S)
+            segments, token_positions = None, (valid.long().cumsum(dim=1) - 1).clamp_min(0)
+        sink_positions = torch.arange(S, device=tokens.device).expand(B, S)
         positions = torch.cat((sink_positions, S + token_positions), dim=1)[:, past:]  # (B, new)
-        cos, sin = self.rope_cos[positions].unsqueeze(1), self.rope_sin[positions].unsqueeze(1)
-        if document:
+        if segments is not None:
             segments = torch.cat((torch.full_like(sink_positions, -1), segments), dim=1)  # (B, past + new)
-        if (document and attention_mask is None and past == 0 and idx.device.type in FLEX_DEVICES
-                and not (self.training and self.config.dropout)):  # FlexAttention has no dropout
-            return cos, sin, document_block_mask(segments, S)
-        keys = torch.arange(past + new, device=idx.device)
+        return positions, segments
+
+    def runs_flex_attention(self, device, past, attention_mask):
+        """Whether a document mask is FlexAttention's block-sparse mask here (else a dense boolean one): on the
+        device types flex_attention_devices names (CUDA), for a whole sequence (nothing cached, no padding),
+        and without dropout, which FlexAttention does not have."""
+        return (self.config.attn_mask == "document" and attention_mask is None and past == 0
+                and device.type in _flex_devices and not (self.training and self.config.dropout))
+
+    def dense_mask(self, valid, segments, past, new):
+        """Which keys each of the new queries sees, (B, 1, new, past + new) booleans: the earlier positions that
+        are real tokens (valid, the sinks always) and, under a document mask (segments), of its own document
+        or sinks; and itself, always (a padded query sees itself alone)."""
+        S = self.config.n_sinks
+        keys = torch.arange(past + new, device=valid.device)
         queries = keys[past:, None]
-        real_keys = torch.cat((torch.ones_like(sink_positions, dtype=torch.bool), valid), dim=1)
+        real_keys = torch.cat((torch.ones(valid.size(0), S, dtype=torch.bool, device=valid.device), valid), dim=1)
         mask = (keys <= queries) & real_keys[:, None, :]
-        if document:
+        if segments is not None:
             mask = mask & ((keys < S) | (segments[:, past:, None] == segments[:, None, :]))
         mask = mask | (keys == queries)  # (B, new, past + new)
-        return cos, sin, mask.unsqueeze(1)
+        return mask.unsqueeze(1)
+
+    def cached_tokens(self, cache, idx, past):
+        """The token ids so far, the cache's then idx (B, tokens), kept in cache.tokens for the next call: a
+        document mask splits them into documents, and the document a new token is in may have begun earlier."""
+        tokens = idx
+        if past:  # the cached positions' tokens (a cache cropped since, by assisted decoding, holds fewer)
+            S = self.config.n_sinks
+            history = getattr(cache, "tokens", None)
+            if history is None or history.size(0) != idx.size(0) or history.size(1) < past - S:
+                raise ValueError("a document mask needs the token ids of the cached positions in cache.tokens, "
+                                 "row for row (a cache whose rows were reordered must reorder them too)")
+            tokens = torch.cat((history[:, :past - S], idx), dim=1)
+        cache.tokens = tokens
+        return tokens
 
     def forward(self, idx, targets=None, cache=None, attention_mask=None):
         """idx, targets: (B, T) token ids; targets of -1 are ignored. Returns (logits, loss).
@@ -491,11 +534,14 @@ class GPT(nn.Module):
         sinks = S if past == 0 else 0  # the sinks enter a cache once, on its first call
         if past + sinks - S + T > self.context:
             raise ValueError(f"sequence of length {past + sinks - S + T} exceeds block_size {self.context}")
+        # under a document mask, the cache keeps the token ids too: a document may have begun in an earlier call
+        tokens = self.cached_tokens(cache, idx, past) if cache is not None and self.config.attn_mask == "document" \
+            else None
         x = self.transformer.wte(idx)
         if sinks:
             x = torch.cat((self.sinks.to(x.dtype).expand(B, -1, -1), x), dim=1)
         x = self.transformer.drop(self.transformer.ln_emb(x))
-        cos, sin, mask = self.positions(idx, past, sinks, attention_mask, cache)
+        cos, sin, mask = self.rope_and_mask(idx, past, sinks, attention_mask, tokens)
         for block in self.transformer.h:
             x = block(x, cos, sin, mask, cache)
         x = self.transformer.ln_f(x[:, sinks:])  # sink outputs never reach the loss

@@ -10,7 +10,7 @@ FSDP2, for models whose training state does not fit on one GPU (scripts/memory_p
 Continue an interrupted (or finished, with a larger max_iters) run:
     torchrun --standalone --nproc_per_node=8 train.py config/xsa_2p7b.py --init_from=resume
 
-Every config key, its default and meaning: train_config.py, or `python train.py --help`.
+Every config key, its default and meaning: pretrain/train_config.py, or `python train.py --help`.
 """
 
 import collections
@@ -27,22 +27,20 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import exits
-import train_config
-from checkpointer import Checkpointer, NonFiniteState, RunState, clean_run_dir, list_checkpoints, set_aside_run
 from configurator import ConfigError
-from dataloader import TrainLoader, val_sequences
-from files import DirectoryLock, DirectoryLocked, write_atomically
-from metrics import MetricsLogger, ThroughputMeter, format_count, format_duration, wandb_problem
 from model import GPT
-from optimizers import build_optimizer, set_hyperparameters
-from parallelize import clip_grad_norm, compile_summary, gradient_sync, is_sharded, parallelize
-from runtime import (DeviceError, StopSignals, autocast, enable_tf32, git_diff, peak_flops, peak_memory_gb,
-                     provenance, reset_peak_memory, resolve_dtype, setup_runtime, teardown_runtime)
-
-
-class TrainingStopped(RuntimeError):
-    """A condition under which continuing would waste compute or corrupt the run."""
+from pretrain import exits, train_config
+from pretrain.checkpointer import (Checkpointer, NonFiniteState, RunState, clean_run_dir, list_checkpoints,
+                                   lock_run_dir, record_run, set_aside_run)
+from pretrain.dataloader import TrainLoader, val_sequences
+from pretrain.exits import TrainingStopped
+from pretrain.files import write_atomically
+from pretrain.guards import Guards
+from pretrain.metrics import MetricsLogger, ThroughputMeter, format_count, format_duration, wandb_problem
+from pretrain.optimizers import build_optimizer, set_hyperparameters
+from pretrain.parallelize import clip_grad_norm, compile_summary, gradient_sync, is_sharded, parallelize
+from pretrain.runtime import (DeviceError, StopSignals, autocast, enable_tf32, peak_flops, peak_memory_gb,
+                              provenance, reset_peak_memory, resolve_dtype, setup_runtime, teardown_runtime)
 
 
 def lr_at(step, c):
@@ -98,120 +96,10 @@ def sample_text(model, runtime, dtype, seed, max_new_tokens=64):
 
 
 # -----------------------------------------------------------------------------
-# One step: the guards that judge it, and the step itself (bench.py times this very step)
-
-@dataclass
-class StepResult:
-    loss: float  # mean over micro-steps and processes
-    grad_norm: float  # global, before clipping
-    spike: bool  # a finite loss far above the recent ones: this state is not checkpointed
-    stop_signal: int | None  # a process got SIGTERM or SIGINT: the signal all processes agreed to stop for
-    failure: str | None = None  # why the run must stop here (non-finite beyond the skips, diverged)
-
-    @property
-    def blew_up(self):
-        """The weights this step started from gave a spike or a non-finite value."""
-        return self.spike or not (math.isfinite(self.loss) and math.isfinite(self.grad_norm))
-
-
-class Guards:
-    """What stops a run rather than let it train on, judged on every step from its loss (averaged over
-    the processes, so all decide alike) before the update:
-    - a non-finite loss or gradient norm is never applied: skip_nonfinite_steps of them are skipped, one
-      more stops the run without a checkpoint of that state;
-    - a finite blow-up, which that check cannot see: a loss above loss_spike_factor x the run's floor +
-      loss_spike_margin is a spike. The floor is the lowest value an exponential moving average of the
-      losses (spikes left out) has reached, a slow statistic that a slow climb cannot drag up with it. A
-      spiking step's state is not checkpointed, nor the checkpoint whose weights gave the spike kept
-      (Checkpointer.judge); loss_spike_steps spikes in a row stop the run;
-    - a stop signal (SIGTERM, SIGINT) that may reach the processes at different steps: shared through
-      the same all-reduce, so every process stops after the same step with the same exit status.
-    Their state goes into checkpoints, so a resumed run judges its steps as the uninterrupted one."""
-    SMOOTHING = 0.9  # of the moving average: about the last 10 losses
-    SETTLE = 3  # losses in the average before any is judged
-
-    def __init__(self, c, runtime, stop_signals, log=None):
-        self.c, self.runtime, self.stop_signals, self.log = c, runtime, stop_signals, log
-        self.average, self.seen, self.floor = None, 0, math.inf  # of the non-spiking losses
-        self.spikes_in_a_row = 0
-        self.skipped = 0
-
-    def threshold(self):
-        """The loss above which a step is a spike; inf while too few losses have been seen, or when off."""
-        if not self.c.loss_spike_factor or self.seen < self.SETTLE:
-            return math.inf
-        return self.c.loss_spike_factor * self.floor + self.c.loss_spike_margin
-
-    def is_spike(self, loss):
-        """Record this step's loss; True if it is a spike."""
-        if loss > self.threshold():
-            self.spikes_in_a_row += 1
-            return True
-        self.spikes_in_a_row = 0
-        self.average = loss if self.average is None else self.SMOOTHING * self.average + (1 - self.SMOOTHING) * loss
-        self.seen += 1
-        if self.seen >= self.SETTLE:
-            self.floor = min(self.floor, self.average)
-        return False
-
-    @property
-    def diverged(self):
-        return self.c.loss_spike_factor > 0 and self.spikes_in_a_row >= self.c.loss_spike_steps
-
-    def judge(self, step, loss, grad_norm):
-        """The step's StepResult, from its loss (a tensor on the device) and gradient norm; its failure says
-        why the run must stop. One small all-reduce and host sync per step."""
-        signalled = self.stop_signals.received if self.stop_signals else None
-        votes = torch.tensor([float(signalled == signum) for signum in exits.SIGNALLED], device=loss.device)
-        shared = torch.cat([loss.reshape(1), votes])
-        if self.runtime.distributed:
-            dist.all_reduce(shared)
-            shared[0] /= self.runtime.world_size
-        loss, votes = shared[0].item(), shared[1:].tolist()
-        grad_norm = grad_norm.item()
-        # SIGTERM wins over SIGINT: a scheduler's stop is the one a launcher must see
-        agreed = [signum for signum, vote in zip(exits.SIGNALLED, votes) if vote > 0]
-        result = StepResult(loss, grad_norm, spike=False, stop_signal=max(agreed) if agreed else None)
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            self.skipped += 1
-            if self.skipped > self.c.skip_nonfinite_steps:
-                result.failure = (
-                    f"non-finite loss or gradient norm at step {step} (loss {loss}, grad norm {grad_norm}); "
-                    f"stopping without writing a checkpoint of this state. The last checkpoint in "
-                    f"{self.c.out_dir} is intact; lower learning_rate or raise warmup_iters")
-            elif self.log:
-                self.log.print(f"step {step}: non-finite loss or gradient, step skipped "
-                               f"({self.skipped}/{self.c.skip_nonfinite_steps})")
-            return result
-        threshold = self.threshold()
-        result.spike = self.is_spike(loss)
-        if result.spike and self.log:
-            self.log.print(f"step {step}: train loss {loss:.4g} is a spike (above {threshold:.4g} = "
-                           f"loss_spike_factor x the run's floor {self.floor:.4g} + loss_spike_margin)")
-        if self.diverged:
-            result.failure = (
-                f"train loss {loss:.4g} at step {step}: {self.spikes_in_a_row} steps in a row above {threshold:.4g} "
-                f"(loss_spike_factor={self.c.loss_spike_factor:g} x the run's floor {self.floor:.4g} + "
-                f"loss_spike_margin={self.c.loss_spike_margin:g}), the run diverged. Neither the spiking steps nor "
-                f"the checkpoint whose weights gave the first spike were kept; the checkpoints in {self.c.out_dir} "
-                f"(the best validation loss's among them) are intact; lower learning_rate or raise warmup_iters")
-        return result
-
-    def state_dict(self):
-        return {"average": self.average, "seen": self.seen, "floor": self.floor, "in_a_row": self.spikes_in_a_row}
-
-    def load_state_dict(self, state):
-        if "recent" in state:  # a checkpoint of the earlier rule: its recent losses start the average
-            recent = state["recent"]
-            self.average, self.seen = (sum(recent) / len(recent), len(recent)) if recent else (None, 0)
-            self.floor = self.average if self.seen >= self.SETTLE else math.inf
-        else:
-            self.average, self.seen, self.floor = state["average"], state["seen"], state["floor"]
-        self.spikes_in_a_row = state["in_a_row"]
-
+# One step, judged by the guards (pretrain/guards.py); scripts/bench.py times this very step
 
 class TrainStep:
-    """One optimizer step, as train.py runs it and bench.py times it: grad_accum micro-steps of forward
+    """One optimizer step, as train.py runs it and scripts/bench.py times it: grad_accum micro-steps of forward
     and backward (gradients reduced across processes on the last one only), the global gradient norm
     clipped, the guards' verdict, then the update unless they refuse it (a non-finite step)."""
 
@@ -408,7 +296,7 @@ def log_step(log, c, step, lr, result, pace, val_loss):
               + (f" | val loss {val_loss:.4f}" if val_loss is not None else ""))
 
 
-def save_checkpoint(run, state, loader_position, result, val_loss, c, log):
+def write_step_checkpoint(run, state, loader_position, result, val_loss, c, log):
     """The checkpoint of this step, unless its loss spiked; a failed write or a non-finite state stops the run."""
     if result.spike:
         if state.step == c.max_iters:  # done, but without a final state worth keeping: not a finished run
@@ -472,7 +360,7 @@ def train_loop(c, run, runtime, log, state):
             log.print(f"step {step} sample: {sample_text(run.raw_model, runtime, run.dtype, seed=c.seed + step)!r}")
         if plan.checkpoint:
             state.elapsed_s = pace.elapsed()
-            save_checkpoint(run, state, loader_position, result, val_loss, c, log)
+            write_step_checkpoint(run, state, loader_position, result, val_loss, c, log)
         if plan.stop:
             run.checkpointer.finish(state)
             log.print(f"stopped by {signal.Signals(result.stop_signal).name} after step {step}; "
@@ -489,36 +377,8 @@ def train_loop(c, run, runtime, log, state):
     return exits.SIGNALLED[result.stop_signal] if result.stop_signal else 0  # a signal at the last step
 
 
-def lock_run_dir(out_dir, runtime):
-    """One run per out_dir: rank 0 takes out_dir's lock (creating out_dir), and every rank stops alike
-    if another live process holds it, or if out_dir cannot be written (read-only, under a file).
-    Returns the lock (None on the other ranks)."""
-    lock, error = None, None
-    if runtime.is_main:
-        try:
-            os.makedirs(out_dir, exist_ok=True)
-            lock = DirectoryLock(out_dir, ".train.lock").acquire()
-        except DirectoryLocked as e:
-            error = f"{e}; two runs in one out_dir would interleave their checkpoints and logs"
-        except OSError as e:
-            error = f"cannot write in out_dir {out_dir} ({exits.one_line(e)}); give a writable out_dir"
-    if runtime.distributed:
-        shared = [error]
-        dist.broadcast_object_list(shared, src=0)
-        error = shared[0]
-    if error:
-        raise TrainingStopped(error)
-    return lock
-
-
-def record_run(c, run, runtime, log, run_provenance):
-    """config.json (and git.diff for uncommitted code) in out_dir, and the run's description in the log."""
-    if runtime.is_main:
-        info = json.dumps({"config": c.to_dict(), "provenance": run_provenance}, indent=2)
-        write_atomically(os.path.join(c.out_dir, "config.json"), lambda f: f.write(info.encode()))
-        if run_provenance["git_dirty"]:  # the commit alone would not reproduce this run
-            diff = git_diff() or ""
-            write_atomically(os.path.join(c.out_dir, "git.diff"), lambda f: f.write(diff.encode()))
+def describe_run(c, run, runtime, log, run_provenance):
+    """The run's description in the log: provenance, config, model, batch and parallelism."""
     log.print(f"provenance: {json.dumps(run_provenance)}")
     log.print(f"config: {json.dumps(c.to_dict())}")
     log.print(f"model: {run.raw_model.num_params() / 1e6:.2f}M non-embedding parameters, attn_type={c.attn_type}; "
@@ -542,7 +402,9 @@ def train(c, runtime, log, stop_signals):
         state = resume(c, run, runtime, log)
         if runtime.distributed:
             dist.barrier()  # an overwritten run's files are moved aside before anyone writes
-        record_run(c, run, runtime, log, run_provenance)
+        if runtime.is_main:
+            record_run(c.out_dir, c.to_dict(), run_provenance)
+        describe_run(c, run, runtime, log, run_provenance)
         log.keep_steps_up_to(state.step)
         if c.wandb_log:
             log.start_wandb(c.wandb_project, c.wandb_group, c.wandb_run_name, state.wandb_run_id, c.to_dict())
@@ -563,8 +425,7 @@ def run(argv):
             raise ConfigError(problem)
         runtime = setup_runtime(c.device, c.backend)
     except (ConfigError, DeviceError) as e:
-        print(f"config error: {e}", file=sys.stderr, flush=True)
-        return exits.CONFIG_ERROR
+        return exits.error(f"config error: {e}", exits.CONFIG_ERROR)
     # under torchrun the launcher forwards a signal it got to the ranks as well: one stop, not two
     stop_signals = StopSignals(ignore_repeats=runtime.distributed)
     log = MetricsLogger(c.out_dir, enabled=runtime.is_main)
@@ -572,20 +433,16 @@ def run(argv):
     try:
         status = train(c, runtime, log, stop_signals)
     except ConfigError as e:  # found only once the world size or out_dir is known
-        print(f"[rank {runtime.rank}] config error: {e}", file=sys.stderr, flush=True)
-        status = exits.CONFIG_ERROR
+        status = exits.error(f"[rank {runtime.rank}] config error: {e}", exits.CONFIG_ERROR)
     except (TrainingStopped, ValueError, FileNotFoundError, PermissionError, NotADirectoryError) as e:
-        print(f"[rank {runtime.rank}] error: {e}", file=sys.stderr, flush=True)
-        status = exits.STOPPED
+        status = exits.error(f"[rank {runtime.rank}] error: {e}", exits.STOPPED)
     except KeyboardInterrupt:  # a second Ctrl-C: at once, without the checkpoint the first one asked for
-        print(f"[rank {runtime.rank}] interrupted; the checkpoints in {c.out_dir} are intact",
-              file=sys.stderr, flush=True)
-        status = stop_signals.exit_status or exits.SIGNALLED[signal.SIGINT]
+        status = exits.error(f"[rank {runtime.rank}] interrupted; the checkpoints in {c.out_dir} are intact",
+                             stop_signals.exit_status or exits.SIGNALLED[signal.SIGINT])
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS):  # a full or read-only disk
             raise  # possibly passing (a network filesystem): a relaunch may get past it
-        print(f"[rank {runtime.rank}] error: {e} (in {c.out_dir})", file=sys.stderr, flush=True)
-        status = exits.STOPPED
+        status = exits.error(f"[rank {runtime.rank}] error: {e} (in {c.out_dir})", exits.STOPPED)
     finally:
         log.finish()
         if status == 0:

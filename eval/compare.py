@@ -3,11 +3,11 @@ SA against the other attention variants (XSA, gated XSA, ...) from the run direc
 (metrics.jsonl and config.json; no wandb account): a PNG of the train and validation loss curves and
 a markdown table of the final validation losses and each variant's difference from SA.
 
-    python eval/compare.py out/sweep_lr/*                          # writes out/eval/compare.png, compare.md
-    python eval/compare.py 'out/small_study/*' --out out/small_study --smooth 0.9
-    python eval/compare.py out/sweep_seqlen --out out/sweep_seqlen  # a directory of run directories
+    python -m eval.compare out/sweep_lr/*                          # writes out/eval/compare.png, compare.md
+    python -m eval.compare 'out/small_study/*' --out out/small_study --smooth 0.9
+    python -m eval.compare out/sweep_seqlen --out out/sweep_seqlen  # a directory of run directories
 
-train_config.py declares the key groups used here. A run's *variant* is its VARIANT_KEYS (attn_type,
+pretrain/train_config.py declares the key groups used here. A run's *variant* is its VARIANT_KEYS (attn_type,
 xsa_gate, xsa_layers), named by train_config.variant_name ("sa", "xsa", "xsa_gate", "xsa_last4",
 "xsa_blocks0-5"); a run whose config predates a variant key has that key's default (no xsa_gate:
 plain XSA).
@@ -23,21 +23,25 @@ dotted); several seeds are drawn thin with their mean bold. A third panel shows 
 paired validation-loss difference from SA over training.
 """
 
+import sys
+
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m eval.compare", file=sys.stderr)
+    sys.exit(2)
+
 import glob
 import json
 import math
 import os
 import re
 import statistics
-import sys
 
 import scipy.stats
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 from eval import common
-from metrics import read_metrics
-from train_config import BOOKKEEPING_KEYS, PAIRING_KEYS, TRAIN_KEYS, VARIANT_KEYS, variant_name
+from pretrain import exits
+from pretrain.metrics import read_metrics
+from pretrain.train_config import BOOKKEEPING_KEYS, PAIRING_KEYS, TRAIN_KEYS, VARIANT_KEYS, variant_name
 
 BASELINE = tuple(TRAIN_KEYS[k].default for k in VARIANT_KEYS)  # train.py's default attention: SA
 
@@ -375,7 +379,7 @@ def main():
 
     runs = find_runs(args.runs)
     if not runs:
-        sys.exit(f"no run directories (with metrics.jsonl and config.json) in {' '.join(args.runs)}")
+        exits.fail(f"no run directories (with metrics.jsonl and config.json) in {' '.join(args.runs)}")
     settings = group_settings(runs)
     rows, unpaired, warnings = comparison(settings)
     table = markdown(runs, settings, rows, unpaired, warnings)

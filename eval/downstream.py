@@ -3,18 +3,24 @@ Zero-shot downstream evaluation of checkpoints on the paper's 8 tasks, with
 lm-evaluation-harness (`pip install "lm-eval>=0.4.13"`) as the scoring engine.
 
 One checkpoint (a file, or a run directory: its newest checkpoint):
-    python eval/downstream.py out/xsa_0p7b
+    python -m eval.downstream out/xsa_0p7b
 SA against XSA, with the per-task difference and the paper's Table 2 beside ours:
-    python eval/downstream.py --sa out/sa_0p7b --xsa out/xsa_0p7b --paper
+    python -m eval.downstream --sa out/sa_0p7b --xsa out/xsa_0p7b --paper
 A quick look on a subset of each task:
-    python eval/downstream.py out/sa_tiny out/xsa_tiny --labels SA XSA --limit 200
+    python -m eval.downstream out/sa_tiny out/xsa_tiny --labels SA XSA --limit 200
 Without the Hub, on local copies of the tasks (docs/evaluation.md, "Without the Hub"):
-    python eval/downstream.py out/sa_tiny --include_path my_tasks/ --no_default_tasks
+    python -m eval.downstream out/sa_tiny --include_path my_tasks/ --no_default_tasks
 
 The table has the paper's layout: one headline metric per task (acc or acc_norm, as the
 paper says), in percent. Everything lm-eval reports (both metrics, standard errors) goes to
 the JSON file next to the markdown table in --out.
 """
+
+import sys
+
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m eval.downstream", file=sys.stderr)
+    sys.exit(2)
 
 import contextlib
 import difflib
@@ -22,18 +28,14 @@ import glob
 import json
 import math
 import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tiktoken
 import torch
 import torch.nn.functional as F
 
-import exits
 from eval import common
-from hub_access import hub_problem
-from runtime import autocast
+from pretrain import checkpointer, exits
+from pretrain.runtime import autocast
 
 # task -> (column, headline metric), in the paper's column order
 TASKS = {
@@ -249,11 +251,11 @@ def check_data_file(pattern, task, yaml_path):
     whose = f"a data file of task {task} ({shown(str(yaml_path))})"
     for path in map(shown, paths):
         if not os.path.isfile(path):
-            common.fail(f"{path}: no such file, {whose}; data_files are read from the YAML's folder")
+            exits.fail(f"{path}: no such file, {whose}; data_files are read from the YAML's folder")
         json_file = path.endswith((".json", ".jsonl"))
         if os.path.getsize(path) == 0:
-            common.fail(f"{path}: empty, {whose}; it needs the task's examples"
-                        + (", one JSON object per line" if json_file else ""))
+            exits.fail(f"{path}: empty, {whose}; it needs the task's examples"
+                       + (", one JSON object per line" if json_file else ""))
         if not json_file:
             continue
         try:
@@ -262,7 +264,7 @@ def check_data_file(pattern, task, yaml_path):
             json.loads(text)  # one JSON document (a list of examples) is data too
             continue
         except UnicodeDecodeError as e:
-            common.fail(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}), {whose}")
+            exits.fail(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}), {whose}")
         except ValueError:
             pass
         for number, line in enumerate(text.splitlines(), 1):
@@ -271,11 +273,11 @@ def check_data_file(pattern, task, yaml_path):
             try:
                 example = json.loads(line)
             except ValueError as e:
-                common.fail(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno}), {whose}; "
-                            f"it needs one JSON object per line")
+                exits.fail(f"{path}, line {number}: not valid JSON ({e.msg}, column {e.colno}), {whose}; "
+                           f"it needs one JSON object per line")
             if not isinstance(example, dict):
-                common.fail(f"{path}, line {number}: a JSON {type(example).__name__}, not an object, {whose}; "
-                            f"it needs one JSON object per line")
+                exits.fail(f"{path}, line {number}: a JSON {type(example).__name__}, not an object, {whose}; "
+                           f"it needs one JSON object per line")
 
 
 def hub_dataset(entry):
@@ -285,15 +287,15 @@ def hub_dataset(entry):
 
 
 def check_hub(repo_id, task):
-    """Exit at once when the Hub cannot be read (hub_access.hub_problem). In offline mode datasets reads
+    """Exit at once when the Hub cannot be read (exits.hub_problem). In offline mode datasets reads
     its local cache and makes no request: nothing to check."""
     offline = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
     if any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in offline):
         return
-    problem = hub_problem(repo_id)
+    problem = exits.hub_problem(repo_id)
     if problem:
-        common.fail(f"cannot read {repo_id} (the data of task {task}) from the Hugging Face Hub ({problem}); "
-                    f"with the data in the local cache, set HF_DATASETS_OFFLINE=1; {NO_HUB_HINT}")
+        exits.fail(f"cannot read {repo_id} (the data of task {task}) from the Hugging Face Hub ({problem}); "
+                   f"with the data in the local cache, set HF_DATASETS_OFFLINE=1; {NO_HUB_HINT}")
 
 
 @contextlib.contextmanager
@@ -335,10 +337,10 @@ def load_tasks(task_manager, names):
             cause = root_cause(e)
             reason = exits.one_line(e) + (f"; {exits.one_line(cause)}" if cause is not e else "")
             if name in hub:
-                common.fail(f"cannot load task {name}, {hub[name]} from the Hub ({reason}); offline, its data must be "
-                            f"in the local cache (a run with Hub access puts it there); {NO_HUB_HINT}")
+                exits.fail(f"cannot load task {name}, {hub[name]} from the Hub ({reason}); offline, its data must be "
+                           f"in the local cache (a run with Hub access puts it there); {NO_HUB_HINT}")
             where = shown(str(entry.yaml_path)) if entry.yaml_path else "lm-eval"
-            common.fail(f"cannot load task {name} ({where}): {reason}")
+            exits.fail(f"cannot load task {name} ({where}): {reason}")
     return tasks
 
 
@@ -403,7 +405,7 @@ def main():
     try:
         from lm_eval.tasks import TaskManager
     except ImportError:
-        common.fail('eval/downstream.py needs lm-evaluation-harness: pip install "lm-eval>=0.4.13"')
+        exits.fail('eval/downstream.py needs lm-evaluation-harness: pip install "lm-eval>=0.4.13"')
     # absolute, so that the task files are found while a task's data loads from its YAML's folder
     include_path = os.path.abspath(args.include_path) if args.include_path else None
     task_manager = TaskManager(include_path=include_path, include_defaults=not args.no_default_tasks)
@@ -417,7 +419,7 @@ def main():
     report, rows = {}, {}
     for label, path in models.items():
         print(f"evaluating {label}: {path}", flush=True)
-        model, _ = common.load(path, device)
+        model, _ = checkpointer.load_model_or_exit(path, device)
         results = evaluate_model(model, tasks, device, dtype, args.batch_size, limit, task_manager,
                                  args.bootstrap_iters, args.quiet)
         model.to("cpu")  # free the accelerator for the next checkpoint

@@ -4,9 +4,9 @@ context, and does XSA's gain grow with position (the paper: XSA's gain grows wit
 Positions are grouped into --buckets equal ranges; every sequence is a full block_size window
 of the fixed validation tokens, so each position is scored equally often.
 
-    python eval/position_loss.py out/sa_0p7b out/xsa_0p7b    # val shards: the first checkpoint's data_dir
-    python eval/position_loss.py out/sa_0p7b out/xsa_0p7b --data_dir data/fineweb/fineweb100B
-    python eval/position_loss.py out/sa_tiny out/xsa_tiny --block_size 4x    # past the training context
+    python -m eval.position_loss out/sa_0p7b out/xsa_0p7b    # val shards: the first checkpoint's data_dir
+    python -m eval.position_loss out/sa_0p7b out/xsa_0p7b --data_dir data/fineweb/fineweb100B
+    python -m eval.position_loss out/sa_tiny out/xsa_tiny --block_size 4x    # past the training context
 
 Past the training context: RoPE has no learned positions, so a model runs on longer sequences once its
 tables extend (model.GPT.extend_context). `--block_size 4x` scores 4 times the first model's training length;
@@ -25,12 +25,14 @@ windows cut counted as one): does XSA's gain grow deeper into
 long documents?
 """
 
-import json
-import math
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m eval.position_loss", file=sys.stderr)
+    sys.exit(2)
+
+import json
+import math
 
 import scipy.stats
 import torch
@@ -38,7 +40,8 @@ import torch.nn.functional as F
 
 from eval import common
 from model import document_segments
-from runtime import autocast
+from pretrain import checkpointer
+from pretrain.runtime import autocast
 
 
 @torch.no_grad()
@@ -268,7 +271,7 @@ def main():
     results, x, y, first_losses = {}, None, None, None
     by_document = args.by == "document"
     for label, path in checkpoints.items():
-        model, config = common.load(path, device)
+        model, config = checkpointer.load_model_or_exit(path, device)
         extend = args.extend_context or bool(args.block_size and args.block_size[0] == "x")
         if x is None:  # the same tokens for every model (the first one's data by default), so the curves compare
             kind, value = args.block_size or ("tokens", config["block_size"])

@@ -1,25 +1,27 @@
 """
 Sample text from a checkpoint (a file, or a run directory: its newest checkpoint).
 
-    python eval/sample.py out/xsa_0p7b --start "The meaning of life is" --num_samples 3
-    python eval/sample.py out/xsa_0p7b --start FILE:prompt.txt --temperature 0   # greedy
+    python -m eval.sample out/xsa_0p7b --start "The meaning of life is" --num_samples 3
+    python -m eval.sample out/xsa_0p7b --start FILE:prompt.txt --temperature 0   # greedy
 
 Decoding keeps the keys and values of the tokens so far (model.KVCache): a new token costs one
 position's forward, not one over the whole sequence. Each sample's line reports its tokens per second.
 """
 
-import os
 import sys
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m eval.sample", file=sys.stderr)
+    sys.exit(2)
+
+import time
 
 import tiktoken
 import torch
 
-import exits
 from eval import common
-from runtime import autocast
+from pretrain import checkpointer, exits
+from pretrain.runtime import autocast
 
 
 def main():
@@ -37,7 +39,7 @@ def main():
 
     device, dtype = common.device_and_dtype(parser, args)
     torch.manual_seed(args.seed)
-    model, config = common.load(args.checkpoint, device)
+    model, config = checkpointer.load_model_or_exit(args.checkpoint, device)
     enc = tiktoken.get_encoding("gpt2")
     start = args.start
     if start.startswith("FILE:"):
@@ -45,7 +47,7 @@ def main():
             with open(start[len("FILE:"):], encoding="utf-8") as f:
                 start = f.read()
         except (OSError, UnicodeDecodeError) as e:
-            common.fail(f"cannot read the prompt file {start[len('FILE:'):]} ({exits.one_line(e)})")
+            exits.fail(f"cannot read the prompt file {start[len('FILE:'):]} ({exits.one_line(e)})")
     # the end-of-text token is allowed in the prompt: every training document starts with it
     prompt = enc.encode(start, allowed_special={"<|endoftext|>"})
     idx = torch.tensor([prompt], dtype=torch.long, device=device)

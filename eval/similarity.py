@@ -13,23 +13,26 @@ the numbers follow the paper's plain definitions; learned sink tokens never coun
 With grouped-query attention every quantity is per query head, with the value head it reads.
 The paper averages over 1024 training sequences; we use held-out validation sequences.
 
-    python eval/similarity.py out/sa_0p7b out/xsa_0p7b    # val shards: each checkpoint's data_dir
-    python eval/similarity.py out/sa_0p7b out/xsa_0p7b --data_dir data/fineweb/fineweb100B
+    python -m eval.similarity out/sa_0p7b out/xsa_0p7b    # val shards: each checkpoint's data_dir
+    python -m eval.similarity out/sa_0p7b out/xsa_0p7b --data_dir data/fineweb/fineweb100B
 """
+
+import sys
+
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m eval.similarity", file=sys.stderr)
+    sys.exit(2)
 
 import json
 import math
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask
 
 from eval import common
-from runtime import autocast
+from pretrain import checkpointer
+from pretrain.runtime import autocast
 
 QUANTITIES = {
     "cos_vv": "cos(v_i, v_j), i != j",
@@ -177,7 +180,7 @@ def main():
 
     results, info = {}, {}
     for label, path in checkpoints.items():
-        model, config = common.load(path, device)
+        model, config = checkpointer.load_model_or_exit(path, device)
         block_size = args.block_size or config["block_size"]
         common.check_block_size(block_size, config, path, "--block_size")
         data_dir, x, _ = common.validation_sequences(args, config, block_size, args.num_sequences)

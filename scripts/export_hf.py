@@ -4,10 +4,10 @@ Export a trained model as a Hugging Face transformers model folder, loadable off
     AutoModelForCausalLM.from_pretrained(HF_DIR, trust_remote_code=True)
     AutoTokenizer.from_pretrained(HF_DIR)
 
-    python scripts/export_hf.py out/xsa_0p7b hf/xsa_0p7b                      # the run's newest checkpoint
-    python scripts/export_hf.py out/xsa_0p7b hf/xsa_0p7b --checkpoint best    # its best validation loss's
-    python scripts/export_hf.py out/xsa_0p7b/ckpt_0200000.pt hf/xsa_0p7b --dtype bfloat16
-    python scripts/export_hf.py out/xsa_2p7b hf/xsa_2p7b --push_to_hub me/xsa-2.7b
+    python -m scripts.export_hf out/xsa_0p7b hf/xsa_0p7b                      # the run's newest checkpoint
+    python -m scripts.export_hf out/xsa_0p7b hf/xsa_0p7b --checkpoint best    # its best validation loss's
+    python -m scripts.export_hf out/xsa_0p7b/ckpt_0200000.pt hf/xsa_0p7b --dtype bfloat16
+    python -m scripts.export_hf out/xsa_2p7b hf/xsa_2p7b --push_to_hub me/xsa-2.7b
 
 The folder holds config.json (every model key, max_position_embeddings = block_size, auto_map),
 the weights as safetensors (sharded, with an index, above 5 GB), generation_config.json, GPT-2's
@@ -17,23 +17,26 @@ thin transformers wrapper that imports it. Checkpoints of either format (a file,
 load in this one process. docs/export.md walks through loading it, lm-eval's hf backend and the Hub.
 """
 
+import sys
+
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m scripts.export_hf", file=sys.stderr)
+    sys.exit(2)
+
 import argparse
 import importlib.util
 import os
 import shutil
-import sys
 import uuid
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
 
 import torch
 
-import exits
-from eval import common
-from train_config import MODEL_KEYS, TRAIN_KEYS
+from pretrain import checkpointer, exits
+from pretrain.runtime import REPO
+from pretrain.train_config import MODEL_KEYS, TRAIN_KEYS
 
-CODE = {"model.py": os.path.join(REPO, "model.py"), "modeling_xsa.py": os.path.join(REPO, "scripts", "modeling_xsa.py")}
+CODE = {"model.py": os.path.join(REPO, "model.py"),  # the export ships both as they are
+        "modeling_xsa.py": os.path.join(REPO, "pretrain", "modeling_xsa.py")}
 AUTO_MAP = {"AutoConfig": "modeling_xsa.XSAConfig", "AutoModelForCausalLM": "modeling_xsa.XSAForCausalLM"}
 MAX_SHARD_SIZE = "5GB"  # the default: a 2.7B model in float32 is 11 GB, three files and an index
 GPT2_FILES = {  # tiktoken's own GPT-2 files (tiktoken_ext.openai_public.gpt2), read from its cache
@@ -43,23 +46,17 @@ GPT2_FILES = {  # tiktoken's own GPT-2 files (tiktoken_ext.openai_public.gpt2), 
 EOT = "<|endoftext|>"
 
 
-def exit_config_error(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(exits.CONFIG_ERROR)
-
-
 def checkpoint_to_export(path, which):
     """The checkpoint path: path itself, or a run directory's newest readable checkpoint, or (which="best")
     the checkpoint its newest one names as the best validation loss's."""
-    common.check_checkpoint_path(path)
+    checkpointer.check_checkpoint_path(path)
     if which == "latest" or not os.path.isdir(path) or os.path.exists(os.path.join(path, ".metadata")):
         return path
-    import checkpointer
     newest, state = checkpointer.load_latest_checkpoint(path)
     best = (state or {}).get("best_checkpoint")
     if not best or not os.path.exists(os.path.join(path, best["path"])):
-        common.fail(f"cannot export the best checkpoint of {path}: its checkpoints name none (no evaluation was "
-                    f"checkpointed yet, or it was pruned); export the newest with --checkpoint latest")
+        exits.fail(f"cannot export the best checkpoint of {path}: its checkpoints name none (no evaluation was "
+                   f"checkpointed yet, or it was pruned); export the newest with --checkpoint latest")
     return os.path.join(path, best["path"])
 
 
@@ -68,8 +65,8 @@ def check_model_keys(config, path):
     could hold what this export would silently leave out."""
     unknown = sorted(set(config) - set(TRAIN_KEYS))
     if unknown:
-        common.fail(f"cannot export {path}: its config has keys this exporter does not know ({', '.join(unknown)}); "
-                    f"export it with the train.py version that trained it (config.json's git_commit)")
+        exits.fail(f"cannot export {path}: its config has keys this exporter does not know ({', '.join(unknown)}); "
+                   f"export it with the train.py version that trained it (config.json's git_commit)")
 
 
 def load_package(folder):
@@ -125,15 +122,15 @@ def write_export(model, config, folder, dtype, max_shard_size=MAX_SHARD_SIZE):
 def prepare_out(hf_dir, overwrite):
     """A temporary directory beside hf_dir to write into, after the checks on hf_dir."""
     if os.path.exists(hf_dir) and not os.path.isdir(hf_dir):
-        common.fail(f"cannot export to {hf_dir}: it is a file")
+        exits.fail(f"cannot export to {hf_dir}: it is a file")
     if os.path.isdir(hf_dir) and os.listdir(hf_dir) and not overwrite:
-        common.fail(f"cannot export to {hf_dir}: it is not empty; pass --overwrite to replace it")
+        exits.fail(f"cannot export to {hf_dir}: it is not empty; pass --overwrite to replace it")
     parent = os.path.dirname(os.path.abspath(hf_dir))
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(hf_dir))}.tmp{os.getpid()}")
     try:
         os.makedirs(tmp)
     except OSError as e:
-        common.fail(f"cannot write {hf_dir} ({exits.one_line(e)}); give a writable directory")
+        exits.fail(f"cannot write {hf_dir} ({exits.one_line(e)}); give a writable directory")
     return tmp
 
 
@@ -146,16 +143,16 @@ def push_to_hub(folder, repo_id):
     try:
         user = api.whoami()["name"]
     except LocalTokenNotFoundError:
-        exit_config_error("--push_to_hub needs a Hugging Face login: run `hf auth login` (or set HF_TOKEN); "
-                          f"the export in {folder} is complete")
+        exits.fail("error: --push_to_hub needs a Hugging Face login: run `hf auth login` (or set HF_TOKEN); "
+                   f"the export in {folder} is complete", exits.CONFIG_ERROR)
     except Exception as e:
-        common.fail(f"cannot reach the Hugging Face Hub ({exits.one_line(e)}); the export in {folder} is complete")
+        exits.fail(f"cannot reach the Hugging Face Hub ({exits.one_line(e)}); the export in {folder} is complete")
     try:
         api.create_repo(repo_id, repo_type="model", exist_ok=True)
         info = api.upload_folder(folder_path=folder, repo_id=repo_id, repo_type="model",
                                  commit_message="Export of an SA/XSA GPT (scripts/export_hf.py)")
     except Exception as e:
-        common.fail(f"cannot upload {folder} to {repo_id} ({exits.one_line(e)}); the export there is complete")
+        exits.fail(f"cannot upload {folder} to {repo_id} ({exits.one_line(e)}); the export there is complete")
     print(f"pushed to {repo_id} as {user}: {getattr(info, 'commit_url', info)}")
 
 
@@ -173,7 +170,7 @@ def main():
     args = parser.parse_args()
 
     path = checkpoint_to_export(args.checkpoint, args.which)
-    model, config = common.load(path, "cpu")
+    model, config = checkpointer.load_model_or_exit(path, "cpu")
     check_model_keys(config, path)
     tmp = prepare_out(args.hf_dir, args.overwrite)
     try:
@@ -187,7 +184,7 @@ def main():
             os.replace(tmp, args.hf_dir)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        common.fail(f"cannot write {args.hf_dir} ({exits.one_line(e)})")
+        exits.fail(f"cannot write {args.hf_dir} ({exits.one_line(e)})")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -2,12 +2,12 @@
 # The GPU path checked in one run (about 8 minutes on one H100 or H200), ending in one table in
 # docs/performance.md's format:
 #   1. the 0.7B model (24 x 1536, 6 heads of 256) at context 2048 in bf16, SA and XSA, compile off and
-#      on: ms/step, tokens/s, MFU, peak memory, XSA/SA, and the graphs and graph breaks compiled (bench.py)
-#   2. the SDPA backend its attention runs on, and XSA's orthogonality |z.v|/(|v||y|) in bf16 (bench.py)
+#      on: ms/step, tokens/s, MFU, peak memory, XSA/SA, and the graphs and graph breaks compiled (scripts/bench.py)
+#   2. the SDPA backend its attention runs on, and XSA's orthogonality |z.v|/(|v||y|) in bf16 (scripts/bench.py)
 #   3. one compiled FSDP training run on NCCL (torchrun, one process per GPU), and a resume from its
 #      checkpoint that must reach the uninterrupted run's loss
 #   4. the document mask (FlexAttention) against the causal one at T = 2048 and 8192, the same tokens per
-#      step, FineWeb-like documents: ms/step and the ratio document / causal (bench.py --attn_mask=document)
+#      step, FineWeb-like documents: ms/step and the ratio document / causal (scripts/bench.py --attn_mask=document)
 #   5. FlexAttention's document mask against SDPA with the same mask as a dense boolean matrix: the loss and
 #      every parameter's gradient (the CPU has no FlexAttention backward: only here is it checked)
 #
@@ -50,9 +50,9 @@ fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
 
-# 1 and 2: bench.py, compile off then on
+# 1 and 2: scripts/bench.py, compile off then on
 for compile in False True; do
-    python bench.py "${model[@]}" "${system[@]}" --batch_size="$batch" --compile="$compile" "${timing[@]}" \
+    python -m scripts.bench "${model[@]}" "${system[@]}" --batch_size="$batch" --compile="$compile" "${timing[@]}" \
         --bench_variants=sa,xsa --bench_json="$OUT/bench_compile_$compile.json" | tee "$OUT/bench_compile_$compile.log"
 done
 
@@ -60,8 +60,7 @@ done
 python - "$OUT/shards" <<'EOF'
 import os, sys
 import numpy as np
-sys.path.insert(0, os.getcwd())
-from shards import write_shard
+from pretrain.shards import write_shard
 out = sys.argv[1]
 os.makedirs(out)
 rng = np.random.default_rng(0)
@@ -80,7 +79,7 @@ cp -r "$OUT/fsdp_full/ckpt_0000002" "$OUT/fsdp_resumed/"
 
 # 4: document mask against causal, at two lengths
 for length in "${mask_lengths[@]}"; do
-    python bench.py "${model[@]}" "${system[@]}" --block_size="$length" --batch_size=$((mask_tokens / length)) \
+    python -m scripts.bench "${model[@]}" "${system[@]}" --block_size="$length" --batch_size=$((mask_tokens / length)) \
         --compile="$fsdp_compile" "${timing[@]}" --bench_variants=sa,xsa --attn_mask=document --eot_token="$eot" \
         --bench_json="$OUT/bench_document_$length.json" | tee "$OUT/bench_document_$length.log"
 done
@@ -89,7 +88,6 @@ done
 python - "$OUT" "${system[0]#--device=}" "${flex_check[@]}" <<'EOF'
 import json, os, sys
 import torch
-sys.path.insert(0, os.getcwd())
 import model as M
 device = sys.argv[2]
 length, head_dims = int(sys.argv[3]), [int(d) for d in sys.argv[4:]]
@@ -104,10 +102,10 @@ for head_dim in head_dims:
     idx[:, torch.randint(1, length, (12,))] = config.eot_token
     results = {}
     for name, devices in (("flex", ("cuda",)), ("dense", ())):
-        M.FLEX_DEVICES = devices
-        net.zero_grad(set_to_none=True)
-        loss = net(idx, idx)[1]
-        loss.backward()
+        with M.flex_attention_devices(*devices):
+            net.zero_grad(set_to_none=True)
+            loss = net(idx, idx)[1]
+            loss.backward()
         results[name] = (loss.item(), {n: p.grad.clone() for n, p in net.named_parameters()})
     (flex_loss, flex), (dense_loss, dense) = results["flex"], results["dense"]
     loss_rel = max(loss_rel, abs(flex_loss - dense_loss) / dense_loss)
@@ -121,8 +119,7 @@ EOF
 
 python - "$OUT" "${mask_lengths[@]}" <<'EOF'
 import json, os, sys
-sys.path.insert(0, os.getcwd())
-from metrics import read_metrics
+from pretrain.metrics import read_metrics
 out = sys.argv[1]
 bench = {compile: json.load(open(f"{out}/bench_compile_{compile}.json")) for compile in ("False", "True")}
 first = bench["False"]

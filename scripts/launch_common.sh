@@ -65,7 +65,7 @@ resolve_config() {
     "${PYTHON:-python}" - "$@" <<'PY'
 import sys
 from configurator import ConfigError
-from train_config import resolve, variant_name
+from pretrain.train_config import resolve, variant_name
 keys, argv = sys.argv[1].split(), sys.argv[2:]
 try:
     config, _ = resolve(argv)

@@ -1,9 +1,9 @@
 """
 Memory per GPU of a training run, before launching it, and the largest micro-batch that fits.
 
-    python scripts/memory_plan.py config/xsa_2p7b.py --parallelism=fsdp --world_size=8
-    python scripts/memory_plan.py config/xsa_2p7b.py --gpu_mem_gb=80 --activation_checkpointing=block
-    python scripts/memory_plan.py config/sa_tiny.py --device=cpu --measure=True   # and one real micro-step here
+    python -m scripts.memory_plan config/xsa_2p7b.py --parallelism=fsdp --world_size=8
+    python -m scripts.memory_plan config/xsa_2p7b.py --gpu_mem_gb=80 --activation_checkpointing=block
+    python -m scripts.memory_plan config/sa_tiny.py --device=cpu --measure=True   # and one real micro-step here
 
 Keys are train.py's (config files, then --key=value overrides; batch_size is the micro-batch per
 GPU, block_size the sequence length, parallelism/activation_checkpointing/reshard_after_forward
@@ -37,13 +37,14 @@ CUDA context and NCCL buffers (reserved_gb), allocator fragmentation, the optimi
 temporaries (after the activations are freed), and attention's math fallback (T x T per head).
 """
 
-import json
-import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m scripts.memory_plan", file=sys.stderr)
+    sys.exit(2)
 
+import json
+import os
 from dataclasses import dataclass, replace
 
 from configurator import key, non_negative, positive
@@ -67,9 +68,9 @@ GB = 1e9
 def parameter_counts(c):
     """Parameter counts of the config's GPT, built on the meta device (no memory)."""
     import torch
-    from train_config import model_config
+    from pretrain.train_config import model_config
     from model import GPT
-    from optimizers import is_hidden_matrix
+    from pretrain.optimizers import is_hidden_matrix
     with torch.device("meta"):
         model = GPT(model_config(c))
     block = model.transformer.h[0]
@@ -84,7 +85,7 @@ def parameter_counts(c):
 def plan_target(c, measuring=False):
     """(device type, dtype) the plan is for: this machine when measuring, else a CUDA GPU
     unless the config names another device."""
-    from runtime import pick_device, resolve_dtype
+    from pretrain.runtime import pick_device, resolve_dtype
     if measuring:
         device_type = pick_device(c.device).split(":")[0]
         return device_type, resolve_dtype(c.dtype, device_type)
@@ -95,7 +96,7 @@ def plan_target(c, measuring=False):
 
 def plan(c, world_size, device_type="cuda", dtype="bfloat16", counts=None):
     """Expected peak memory per GPU in bytes, by component: a dict name -> bytes (and 'total')."""
-    from parallelize import checkpointed_blocks
+    from pretrain.parallelize import checkpointed_blocks
     n = counts or parameter_counts(c)
     P, L, V, d = n["total"], c.n_layer, c.vocab_size, c.n_embd
     head_dim = c.head_dim or d // c.n_head
@@ -166,11 +167,11 @@ def measure_peak(c):
     high-water mark reset after setup), with freed tensors returned to the OS at once; CUDA: the
     allocator's peak."""
     import torch
-    from train_config import model_config
+    from pretrain.train_config import model_config
     from model import GPT
-    from optimizers import build_optimizer
-    from parallelize import apply_activation_checkpointing
-    from runtime import autocast, pick_device, set_malloc_thresholds
+    from pretrain.optimizers import build_optimizer
+    from pretrain.parallelize import apply_activation_checkpointing
+    from pretrain.runtime import autocast, pick_device, set_malloc_thresholds
     device = pick_device(c.device)
     device_type, dtype = plan_target(c, measuring=True)
     if device_type == "cpu":  # undo runtime.reuse_freed_memory: a freed tensor must leave the resident set
@@ -217,15 +218,13 @@ def measure_peak(c):
 
 
 def main():
-    import exits
-    import train_config
     from configurator import ConfigError, config_class
+    from pretrain import exits, train_config
     PlanConfig = config_class("PlanConfig", *train_config.SECTIONS, Planner, base=train_config.RunConfig)
     try:
-        c, files = train_config.resolve(sys.argv[1:], config_class=PlanConfig, prog="scripts/memory_plan.py")
+        c, files = train_config.resolve(sys.argv[1:], config_class=PlanConfig, prog="python -m scripts.memory_plan")
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(exits.CONFIG_ERROR)
+        exits.fail(f"config error: {e}", exits.CONFIG_ERROR)
     W = c.world_size if not c.measure else 1
     device_type, dtype = plan_target(c, c.measure)
     counts = parameter_counts(c)

@@ -27,13 +27,13 @@ for attn_type in sa xsa; do
     python train.py "config/${attn_type}_tiny.py" --data_dir="$TINY_DATA_DIR" --keep_checkpoints=1 --overwrite=True "$@"
 done
 
-python eval/compare.py out/sa_tiny out/xsa_tiny --out out/quickstart
+python -m eval.compare out/sa_tiny out/xsa_tiny --out out/quickstart
 
 # what the numbers above rest on: how much text, seen how many times, and by how many seeds
 python - "$TINY_DATA_DIR" "$max_iters" "$tokens_per_step" out/sa_tiny out/xsa_tiny <<'PY'
 import os, sys
-from checkpointer import list_checkpoints
-from shards import list_shards, read_header
+from pretrain.checkpointer import list_checkpoints
+from pretrain.shards import list_shards, read_header
 data_dir, steps, per_step, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
 train, val = (sum(read_header(path) for path in list_shards(data_dir, split)) for split in ("train", "val"))
 seen = steps * per_step

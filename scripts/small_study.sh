@@ -48,7 +48,7 @@ runs=()
 for name in "${SWEEP_RUNS[@]}"; do
     runs+=("$OUT_ROOT/small_study/$name")
 done
-compare=("$PYTHON" eval/compare.py "${runs[@]}" --out "$OUT_ROOT/small_study${MASK_SUFFIX:+/$MASK}")
+compare=("$PYTHON" -m eval.compare "${runs[@]}" --out "$OUT_ROOT/small_study${MASK_SUFFIX:+/$MASK}")
 if [[ -n $DRY_RUN ]]; then
     quote_command "${compare[@]}"
 else

@@ -103,16 +103,16 @@ slot_nproc() {
 # "NAME MAX_ITERS [STEP]": its name (the template with {variant} replaced by the attention variant of its
 # config, as train_config.variant_name spells it: sa, xsa, xsa_gate, xsa_last6, ...), the max_iters it
 # trains to (resolved as train.py resolves it) and the step of the newest checkpoint in
-# SWEEP_DIR/NAME, if it has one, as checkpointer.py lists them. One process for the whole
+# SWEEP_DIR/NAME, if it has one, as pretrain/checkpointer.py lists them. One process for the whole
 # sweep: importing torch once, not once per run.
 plan_runs() {
     "$PYTHON" - "$@" <<'PY'
 import os
 import sys
-from checkpoint import checkpoint_step
-from checkpointer import list_checkpoints
+from pretrain.checkpoint_format import checkpoint_step
+from pretrain.checkpointer import list_checkpoints
 from configurator import ConfigError
-from train_config import resolve, variant_name
+from pretrain.train_config import resolve, variant_name
 sweep_dir, argv = sys.argv[1], sys.argv[2:]
 runs, names = [], set()
 for arg in argv:

@@ -11,7 +11,7 @@
 #   LRS="1e-4 2e-4 4e-4 6e-4"
 # Runs: $OUT_ROOT/sweep_lr/{sa,xsa}_<SIZE>_lr<LR>, wandb group sweep_lr_<SIZE>. Rerun to resume;
 # finished runs are skipped. Common options (NPROC, GPUS, SEEDS, OUT_ROOT, DRY_RUN, --key=value
-# overrides for every run): scripts/sweep_common.sh. Compare: python eval/compare.py out/sweep_lr/*
+# overrides for every run): scripts/sweep_common.sh. Compare: python -m eval.compare out/sweep_lr/*
 set -euo pipefail
 source "$(dirname "$0")/sweep_common.sh"
 

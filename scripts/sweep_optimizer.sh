@@ -12,7 +12,7 @@
 #   OPTIMIZERS="adamw muon"
 # Runs: $OUT_ROOT/sweep_optimizer/{sa,xsa}_<SIZE>_<optimizer>, wandb group sweep_optimizer_<SIZE>.
 # Rerun to resume; finished runs are skipped. Common options: scripts/sweep_common.sh.
-# Compare: python eval/compare.py out/sweep_optimizer (one setting per optimizer)
+# Compare: python -m eval.compare out/sweep_optimizer (one setting per optimizer)
 set -euo pipefail
 source "$(dirname "$0")/sweep_common.sh"
 

@@ -24,7 +24,7 @@ tiny_data_command() {
         read -ra input <<<"$INPUT"  # split, not expanded: prepare.py expands globs in a reproducible order
         input=(--input "${input[@]}")
     fi
-    TINY_PREPARE=("${PYTHON:-python}" data/fineweb/prepare.py ${input[@]+"${input[@]}"} --out_dir "$TINY_DATA_DIR"
+    TINY_PREPARE=("${PYTHON:-python}" -m data.fineweb.prepare ${input[@]+"${input[@]}"} --out_dir "$TINY_DATA_DIR"
         --max_tokens "$max_tokens" --val_tokens "$val_tokens" --shard_size 500000)
 }
 
@@ -37,9 +37,10 @@ tiny_data_prepare() {
     local status=0
     echo "+ $(quote_command "${TINY_PREPARE[@]}")"
     "${TINY_PREPARE[@]}" || status=$?
-    if ((status == 3)) && [[ -z ${INPUT:-} ]]; then  # prepare.py's status for a Hub it cannot reach
-        echo "FineWeb cannot be streamed from the Hub here; set INPUT=<local text files> (txt, parquet or" \
-             "jsonl), e.g. INPUT='tests/fixtures/corpus/*.txt'" >&2
+    # prepare's status for a stop that running again cannot fix (its line above says which), a Hub out of reach among them
+    if ((status == 3)) && [[ -z ${INPUT:-} ]]; then
+        echo "without FineWeb from the Hub, make the shards from local text: set INPUT=<local text files> (txt," \
+             "parquet or jsonl), e.g. INPUT='tests/fixtures/corpus/*.txt'" >&2
     fi
     return "$status"
 }

@@ -100,7 +100,7 @@ def data_dir(tmp_path_factory, corpus_docs):
     """llm.c shards made directly (independently of prepare.py): one val shard and three
     train shards of uneven sizes, every document preceded by the end-of-text token."""
     import tiktoken
-    from shards import write_shard
+    from pretrain.shards import write_shard
     enc = tiktoken.get_encoding("gpt2")
     tokens = np.concatenate([np.array([EOT] + enc.encode_ordinary(d), dtype=np.uint16) for d in corpus_docs])
     out = tmp_path_factory.mktemp("shards")
@@ -124,8 +124,8 @@ def micro_args(data_dir, out_dir, **overrides):
 
 def make_optimizer(model, **overrides):
     """The optimizer train.py would build for model on the CPU, with train.py's defaults and overrides."""
-    from optimizers import build_optimizer
-    from train_config import make_config
+    from pretrain.optimizers import build_optimizer
+    from pretrain.train_config import make_config
     return build_optimizer(model, make_config(**overrides), "cpu")
 
 
@@ -186,24 +186,28 @@ def kill_group(proc):
 
 
 def run_in_process(cmd, env=None, cwd=REPO):
-    """Run a Python script of the repository (cmd: its path, relative to cwd, and its arguments) in this
-    process, as `python script args` would run it from cwd, without the seconds a new Python spends
+    """Run a Python program of the repository in this process, as `python script args` or
+    `python -m module args` would run it from cwd (cmd: the script's path, relative to cwd, and its
+    arguments; or "-m", the module's name and its arguments), without the seconds a new Python spends
     importing torch; returns its Result: exit status, stdout and stderr (warnings, and the traceback of a
-    crash with status 1, included). The working directory, sys.argv, sys.path, the environment and the
-    signal handlers are restored after. Not for a script that reads its environment at import (the Hub's
-    address), starts worker processes, or whose test needs a process of its own to signal or kill."""
+    crash with status 1, included). The working directory, sys.argv, sys.path, sys.modules' entry of the
+    module, the environment and the signal handlers are restored after. Not for a program that reads its
+    environment at import (the Hub's address), starts worker processes, or whose test needs a process of
+    its own to signal or kill."""
     import contextlib
     import io
     import runpy
     import traceback
     import warnings
     args = [str(a) for a in cmd]
+    module = args[1] if args[0] == "-m" else None
     out, err = io.StringIO(), io.StringIO()
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    saved = dict(environ=dict(os.environ), cwd=os.getcwd(), argv=sys.argv, path=list(sys.path))
+    saved = dict(environ=dict(os.environ), cwd=os.getcwd(), argv=sys.argv, path=list(sys.path),
+                 module=sys.modules.pop(module, None) if module else None)  # `python -m` runs it afresh
     os.environ.update(env or {})
     os.chdir(cwd)
-    sys.argv = args
+    sys.argv = args[1:] if module else args  # run_module puts the module's file in sys.argv[0]
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
             warnings.simplefilter("always")  # a new process has seen none yet; Python ignores these there too:
@@ -212,7 +216,10 @@ def run_in_process(cmd, env=None, cwd=REPO):
             warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
                 sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))  # not pytest's
             try:
-                runpy.run_path(args[0], run_name="__main__")
+                if module:
+                    runpy.run_module(module, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(args[0], run_name="__main__")
                 status = 0
             except SystemExit as e:  # sys.exit(status), sys.exit("message"), argparse's errors, --help
                 status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
@@ -226,16 +233,19 @@ def run_in_process(cmd, env=None, cwd=REPO):
         os.environ.clear()
         os.environ.update(saved["environ"])
         sys.argv, sys.path[:] = saved["argv"], saved["path"]
+        if saved["module"] is not None:
+            sys.modules[module] = saved["module"]
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     return Result(args, status, out.getvalue(), err.getvalue())
 
 
 def run_eval(script, *args, out):
-    """eval/<script> (in this process) writing to out: its Result, and the JSON report it wrote there
+    """eval/<script> (in this process, as `python -m eval.<name>` runs it) writing to out: its Result, and the
+    JSON report it wrote there
     (<script's name>.json). A failed run fails the test, with what it printed."""
     import json
-    result = run_in_process([f"eval/{script}", *args, "--out", out])
+    result = run_in_process(["-m", "eval." + script.removesuffix(".py"), *args, "--out", out])
     assert result.status == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with open(os.path.join(out, script.replace(".py", ".json"))) as f:
         return result, json.load(f)
@@ -310,26 +320,22 @@ def train_run(out_dir, attn_type, data_dir):
 # -----------------------------------------------------------------------------
 # data/fineweb/prepare.py: its shards of the fixture plays, made once
 
-FINEWEB = os.path.join(REPO, "data", "fineweb")  # on sys.path (pytest.ini): its scripts import their siblings
-PREPARE = os.path.join(FINEWEB, "prepare.py")
-DOWNLOAD = os.path.join(FINEWEB, "download.py")
+# the modules, run from the repo root as `python -m data.fineweb.prepare`
+PREPARE = "data.fineweb.prepare"
+DOWNLOAD = "data.fineweb.download"
 LOCK = ".prepare.lock"
 SHARD_SIZE, VAL_TOKENS = 20_000, 30_000  # ~240k tokens of test documents -> 1 val + 11 train shards
 
 
 def load_script(name):
-    """Import data/fineweb/<name>.py under a name of its own, for its functions."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f"fineweb_{name}", os.path.join(FINEWEB, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # where a worker process looks up the functions it is sent
-    spec.loader.exec_module(module)
-    return module
+    """data/fineweb/<name>.py as a module, for its functions."""
+    import importlib
+    return importlib.import_module(f"data.fineweb.{name}")
 
 
 def run_prepare(*args, check=True):
     """prepare.py with args; its worker processes may deadlock, hence the time limit."""
-    result = run_script([PREPARE, *args], timeout=HANG_GUARD_S)
+    result = run_script([sys.executable, "-m", PREPARE, *args], timeout=HANG_GUARD_S)
     if check:
         assert result.returncode == 0, result.stderr
     return result
@@ -375,7 +381,7 @@ def leftover_temp_files(out_dir):
 @pytest.fixture(scope="session")
 def docs(corpus_docs):
     """~360 documents of ~2KB, plus the awkward ones: empty, and text that spells a special token."""
-    from paragraphs import split_into_documents
+    from data.fineweb.paragraphs import split_into_documents
     docs = [d for play in corpus_docs for d in split_into_documents(play, 2000)]
     return docs[:300] + ["", "a literal <|endoftext|> in the text", "naïve café, 日本語 ✓"] + docs[300:]
 

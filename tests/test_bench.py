@@ -1,10 +1,15 @@
 """bench.py: its figures are consistent with each other and its profile shows the XSA kernels."""
 
 import json
+import os
+import sys
 
 import pytest
 
 from conftest import HANG_GUARD_S, MICRO, REPO, run_script
+
+# scripts.bench run in a temporary directory (where its traces go): the repo's modules found through PYTHONPATH
+FROM_TMP_PATH = {**os.environ, "PYTHONPATH": REPO}
 
 
 @pytest.mark.slow
@@ -12,7 +17,7 @@ def test_bench_reports_consistent_figures_and_profiles_both_variants(tmp_path):
     args = [f"--{k}={v}" for k, v in MICRO.items()] + [
         "--batch_size=2", "--compile=False", "--device=cpu", "--dtype=float32", "--bench_rounds=2",
         "--bench_steps=1", "--bench_warmup=1", "--profile=True", f"--bench_json={tmp_path / 'bench.json'}"]
-    proc = run_script([f"{REPO}/bench.py", *args], cwd=tmp_path)
+    proc = run_script([sys.executable, "-m", "scripts.bench", *args], cwd=tmp_path, env=FROM_TMP_PATH)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     results = report["results"]
@@ -36,7 +41,7 @@ def test_peak_memory_counts_only_the_variant_measured(monkeypatch):
     """With the first variant's model still alive, the second variant's peak is its own footprint,
     not the sum of both (a fake CUDA allocator, so that this runs on any machine)."""
     import torch
-    from bench import PeakMemory
+    from scripts.bench import PeakMemory
     allocator = {"allocated": 0, "peak": 0}
 
     def allocate(n):
@@ -65,7 +70,9 @@ def test_bench_variants_take_overrides_and_reject_unknown_keys(tmp_path):
     base = [f"--{k}={v}" for k, v in MICRO.items()] + [
         "--batch_size=1", "--compile=False", "--device=cpu", "--dtype=float32", "--bench_rounds=1",
         "--bench_steps=1", "--bench_warmup=0", f"--bench_json={tmp_path / 'bench.json'}"]
-    run = lambda *extra: run_script([f"{REPO}/bench.py", *base, *extra], cwd=tmp_path)
+
+    def run(*extra):
+        return run_script([sys.executable, "-m", "scripts.bench", *base, *extra], cwd=tmp_path, env=FROM_TMP_PATH)
     proc = run("--bench_variants=sa,xsa:xsa_gate=True,sa:n_layer=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "bench.json").read_text())["results"]
@@ -128,7 +135,7 @@ def test_gpu_check_dry_run_fills_its_table_on_the_cpu(tmp_path):
 
 def test_benchmark_documents_have_log_normal_lengths_around_the_median():
     import torch
-    from bench import with_documents
+    from scripts.bench import with_documents
     x = torch.randint(0, 50000, (256, 1024))
     starts = (with_documents(x, 400, 50256).view(-1) == 50256).nonzero().view(-1)
     lengths = starts.diff().double()

@@ -2,7 +2,7 @@
 statistics computed here independently, pairing by seed, SA against each other variant (XSA, gated
 XSA) separately, settings told apart by train.py's key groups, and the PNG."""
 
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -10,8 +10,8 @@ import statistics
 
 import pytest
 
-from train_config import BOOKKEEPING_KEYS, TRAIN_KEYS, VARIANT_KEYS
-from conftest import REPO, run_in_process
+from conftest import run_in_process
+from pretrain.train_config import BOOKKEEPING_KEYS, TRAIN_KEYS, VARIANT_KEYS
 
 # Student t quantiles from a printed table, by degrees of freedom: 0.975 (95% intervals), 0.95 (90%)
 T_975 = {1: 12.706205, 2: 4.302653, 3: 3.182446, 4: 2.776445, 10: 2.228139, 30: 2.042272}
@@ -19,10 +19,7 @@ T_95 = {5: 2.015048}
 
 
 def load_compare():
-    spec = importlib.util.spec_from_file_location("compare", os.path.join(REPO, "eval", "compare.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("eval.compare")
 
 
 def write_run(root, name, attn_type, seed, val_losses, learning_rate=1e-3, init_from="scratch", extra=None,
@@ -48,7 +45,7 @@ def write_run(root, name, attn_type, seed, val_losses, learning_rate=1e-3, init_
 
 
 def run_compare(*args):
-    proc = run_in_process(["eval/compare.py", *args])
+    proc = run_in_process(["-m", "eval.compare", *args])
     assert proc.returncode == 0, proc.output
     return proc
 

@@ -8,8 +8,8 @@ from typing import Literal
 import pytest
 import torch
 
-from conftest import REPO, run_in_process
 from configurator import ConfigError, config_class, key, keys_of, parse_config, positive, resolve
+from conftest import REPO, run_in_process
 
 
 @dataclass
@@ -117,7 +117,7 @@ def test_unknown_key_in_config_file_names_the_file(tmp_path):
 def test_config_files_find_what_they_include_from_any_directory(tmp_path, monkeypatch):
     """config/xsa_tiny.py reads config/sa_tiny.py by a path from the repository root; a file of one's own
     may read a file beside it. Neither depends on the working directory."""
-    import train_config
+    from pretrain import train_config
     monkeypatch.chdir(tmp_path)
     c, _ = train_config.resolve([os.path.join(REPO, "config", "xsa_tiny.py")])
     assert (c.attn_type, c.n_layer, c.out_dir) == ("xsa", 4, os.path.join("out", "xsa_tiny"))
@@ -167,7 +167,7 @@ def test_train_cli_errors_are_one_line_and_write_nothing(tmp_path, args, message
 
 
 def test_train_key_groups_name_only_config_keys():
-    import train_config
+    from pretrain import train_config
     keys = train_config.TRAIN_KEYS
     groups = {name: getattr(train_config, name) for name in
               ("ARCHITECTURE_KEYS", "VARIANT_KEYS", "PAIRING_KEYS", "BOOKKEEPING_KEYS")}
@@ -182,9 +182,9 @@ def test_train_key_groups_name_only_config_keys():
 def test_every_model_field_but_context_and_dropout_is_checked_on_resume():
     """A new GPTConfig field is an architecture key unless listed as one a checkpoint may continue with:
     a checkpoint with another value of it is refused."""
-    from checkpointer import architecture_mismatch
+    from pretrain.checkpointer import architecture_mismatch
     from model import GPTConfig
-    import train_config
+    from pretrain import train_config
     assert set(train_config.MODEL_KEYS) == {f.name for f in fields(GPTConfig)} <= set(train_config.TRAIN_KEYS)
     base = {k: train_config.TRAIN_KEYS[k].default for k in train_config.MODEL_KEYS}
     for name in train_config.MODEL_KEYS:
@@ -195,8 +195,8 @@ def test_every_model_field_but_context_and_dropout_is_checked_on_resume():
 def test_a_checkpoint_older_than_a_model_key_has_its_default():
     """A checkpoint written before attn_mask and eot_token existed computed the causal mask: it resumes into
     a causal run and is refused by a document-masked one."""
-    from checkpointer import architecture_mismatch
-    import train_config
+    from pretrain.checkpointer import architecture_mismatch
+    from pretrain import train_config
     base = {k: train_config.TRAIN_KEYS[k].default for k in train_config.MODEL_KEYS}
     older = {k: v for k, v in base.items() if k not in ("attn_mask", "eot_token")}
     assert architecture_mismatch(older, base) == {}
@@ -205,7 +205,7 @@ def test_a_checkpoint_older_than_a_model_key_has_its_default():
 
 @pytest.mark.parametrize("value,expected", [("0,2", "0,2"), ("[2, 0]", "0,2"), ("(0,)", "0"), ("'1'", "1"), ("2", 2)])
 def test_xsa_layers_takes_an_int_or_the_blocks_in_any_spelling(value, expected):
-    import train_config
+    from pretrain import train_config
     c, _ = train_config.resolve(["config/xsa_tiny.py", f"--xsa_layers={value}"])
     assert c.xsa_layers == expected
     assert train_config.variant_name(c) == (f"xsa_last{expected}" if isinstance(expected, int)
@@ -214,7 +214,7 @@ def test_xsa_layers_takes_an_int_or_the_blocks_in_any_spelling(value, expected):
 
 @pytest.mark.slow
 def test_train_help_lists_every_key_with_default_and_meaning():
-    import train_config
+    from pretrain import train_config
     proc = run_train_cli("--help")
     assert proc.returncode == 0
     lines = {line.split()[0]: line for line in proc.stdout.splitlines()[3:] if line.startswith("  ") and
@@ -246,7 +246,7 @@ def test_a_config_file_with_a_syntax_error_is_one_line(tmp_path):
 
 
 def test_train_text_keys_take_numbers_as_text():
-    import train_config
+    from pretrain import train_config
     c, _ = train_config.resolve(["config/sa_tiny.py", "--wandb_run_name=2024", "--out_dir=123", "--wandb_group=7"])
     assert (c.wandb_run_name, c.out_dir, c.wandb_group) == ("2024", "123", "7")
     assert train_config.resolve(["--wandb_group=None"])[0].wandb_group == "run"  # None: derived, as the default

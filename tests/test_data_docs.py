@@ -32,9 +32,11 @@ def test_every_command_in_data_md_is_installed_and_takes_its_flags():
     flags = {}  # (program, script or subcommand) -> flags used with it
     for program, target, *args in commands:
         assert shutil.which(program), f"docs/data.md runs `{program}`, which is not on PATH"
+        if target == "-m":  # python -m data.fineweb.prepare: the module is the target
+            target = f"-m {args.pop(0)}"
         flags.setdefault((program, target), set()).update(a.split("=")[0] for a in args if a.startswith("--"))
     for (program, target), used in flags.items():
-        cmd = [sys.executable, target] if program == "python" else [shutil.which(program), target]
+        cmd = [sys.executable, *target.split()] if program == "python" else [shutil.which(program), target]
         result = run_script([*cmd, "--help"])
         assert result.returncode == 0, result.stderr
         unknown = {flag for flag in used if not re.search(rf"{re.escape(flag)}\b", result.stdout)}

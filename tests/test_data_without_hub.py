@@ -4,13 +4,14 @@ for a directory that holds its shards already."""
 
 import glob
 import os
+import sys
 
 import numpy as np
 import pytest
 
 from conftest import DOWNLOAD, HANG_GUARD_S, LOCK, PREPARE, REPO, run_script
 from fakes.hub import no_hub_env, unavailable_hub
-from shards import write_shard
+from pretrain.shards import write_shard
 
 
 HUB_DOWN = {  # offline mode, and a Hub that is unavailable
@@ -44,7 +45,7 @@ def hub_message(result, repo_id):
 
 @pytest.mark.parametrize("hub", HUB_DOWN)
 def test_prepare_without_the_hub_says_to_use_input(hub, tmp_path):
-    result, requests = run_without_hub([PREPARE, "--out_dir", tmp_path / "out"], hub, tmp_path)
+    result, requests = run_without_hub([sys.executable, "-m", PREPARE, "--out_dir", tmp_path / "out"], hub, tmp_path)
     assert "--input" in hub_message(result, "HuggingFaceFW/fineweb")
     assert requests in GIVING_UP_AT_ONCE[hub]
     assert not os.path.exists(tmp_path / "out" / LOCK)
@@ -53,9 +54,9 @@ def test_prepare_without_the_hub_says_to_use_input(hub, tmp_path):
 @pytest.mark.parametrize("hub", HUB_DOWN)
 def test_download_without_the_hub_says_to_use_prepare_input(hub, tmp_path):
     out_dir = tmp_path / "out"
-    cmd = [DOWNLOAD, "--shards", "2", "--out_dir", out_dir]
+    cmd = [sys.executable, "-m", DOWNLOAD, "--shards", "2", "--out_dir", out_dir]
     result, requests = run_without_hub(cmd, hub, tmp_path)
-    assert "prepare.py --input" in hub_message(result, "kjj0/fineweb100B-gpt2")
+    assert "python -m data.fineweb.prepare --input" in hub_message(result, "kjj0/fineweb100B-gpt2")
     assert requests in GIVING_UP_AT_ONCE[hub]
     assert not out_dir.exists()
 
@@ -63,7 +64,7 @@ def test_download_without_the_hub_says_to_use_prepare_input(hub, tmp_path):
 def test_download_of_a_complete_directory_needs_no_hub(tmp_path):
     for name in ["fineweb_val_000000.bin", "fineweb_train_000001.bin"]:
         write_shard(str(tmp_path / name), np.arange(100, dtype=np.uint16))
-    cmd = [DOWNLOAD, "--shards", "1", "--out_dir", tmp_path]
+    cmd = [sys.executable, "-m", DOWNLOAD, "--shards", "1", "--out_dir", tmp_path]
     result, _ = run_without_hub(cmd, "offline", tmp_path)
     assert result.returncode == 0, result.stderr
     assert "done: 2 shards, 200 tokens" in result.stdout

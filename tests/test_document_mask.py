@@ -8,46 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, document_segments, exclude_self_reference
-
-EOT = 7
-SMALL = dict(n_layer=2, n_head=4, n_embd=32, head_dim=8, block_size=48, vocab_size=97, eot_token=EOT)
-# the variants the packed == alone proof covers (issue: SA, XSA, gated XSA with GQA, XSA with sinks), and more
-VARIANTS = {
-    "sa": {},
-    "xsa": dict(attn_type="xsa"),
-    "gated_gqa": dict(attn_type="xsa", xsa_gate=True, n_kv_head=2),
-    "xsa_sinks": dict(attn_type="xsa", n_sinks=2),
-    "sa_sinks_mqa": dict(n_sinks=1, n_kv_head=1),
-    "xsa_layers": dict(attn_type="xsa", xsa_layers=1),
-}
-
-
-def document_model(attn_mask="document", seed=0, dtype=torch.float64, **overrides):
-    """Weights far from the near-uniform initialisation (gates open), so that masks make big differences."""
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{**SMALL, "attn_mask": attn_mask, **overrides})).to(dtype).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return model
-
-
-def documents(lengths, seed=1):
-    """Documents of the given lengths, each starting with EOT (as the shards store them); no EOT inside."""
-    g = torch.Generator().manual_seed(seed)
-    docs = []
-    for n in lengths:
-        body = torch.randint(EOT + 1, SMALL["vocab_size"], (n - 1,), generator=g)
-        docs.append(torch.cat((torch.tensor([EOT]), body)))
-    return docs
-
-
-def with_config(model, **overrides):
-    """The same weights under another config (attn_mask, say)."""
-    other = GPT(GPTConfig(**{**model.config.__dict__, **overrides})).to(model.lm_head.weight.dtype).eval()
-    other.load_state_dict(model.state_dict())
-    return other
+from helpers import (COMPILE_VARIANTS, DOCUMENT_MODEL, DOCUMENT_VARIANTS, TOY_EOT,
+                     assert_similarity_reads_the_document_mask, document_model, documents, explain, packed_batch,
+                     with_config)
+from model import GPTConfig, document_segments, exclude_self_reference
 
 
 def summed_loss_and_grads(model, idx, targets):
@@ -61,12 +25,12 @@ def summed_loss_and_grads(model, idx, targets):
 # -----------------------------------------------------------------------------
 # the proof that matters: a document packed anywhere is computed as if alone
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", DOCUMENT_VARIANTS)
 def test_packed_documents_equal_each_document_alone_in_logits_and_gradients(variant):
-    model = document_model(**VARIANTS[variant])
+    model = document_model(**DOCUMENT_VARIANTS[variant])
     docs = documents([9, 1, 14, 5, 11])  # a one-token document among them
     g = torch.Generator().manual_seed(2)
-    targets = [torch.randint(0, SMALL["vocab_size"], (len(d),), generator=g) for d in docs]
+    targets = [torch.randint(0, DOCUMENT_MODEL["vocab_size"], (len(d),), generator=g) for d in docs]
     packed, packed_grads = summed_loss_and_grads(model, torch.cat(docs)[None], torch.cat(targets)[None])
     # alone: each document by itself, under the plain causal mask (the path every other test checks)
     causal = with_config(model, attn_mask="causal")
@@ -84,10 +48,10 @@ def test_packed_documents_equal_each_document_alone_in_logits_and_gradients(vari
         assert (grad - alone_grads[name]).norm() <= 1e-6 * alone_grads[name].norm(), name
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", DOCUMENT_VARIANTS)
 def test_under_the_causal_mask_every_document_after_the_first_differs_from_alone(variant):
     """The control: the packed == alone test cannot pass by accident."""
-    model = document_model(attn_mask="causal", **VARIANTS[variant])
+    model = document_model(attn_mask="causal", **DOCUMENT_VARIANTS[variant])
     docs = documents([9, 1, 14, 5, 11])
     packed = model(torch.cat(docs)[None])[0]
     start = 0
@@ -100,7 +64,7 @@ def test_under_the_causal_mask_every_document_after_the_first_differs_from_alone
 
 @pytest.mark.parametrize("variant", ["xsa", "xsa_sinks"])
 def test_a_documents_offset_in_the_window_does_not_matter(variant):
-    model = document_model(**VARIANTS[variant])
+    model = document_model(**DOCUMENT_VARIANTS[variant])
     a, b, c = documents([6, 10, 4])
     first = model(torch.cat((a, b, c))[None])[0][0]
     later = model(torch.cat((c, a, b))[None])[0][0]
@@ -109,9 +73,9 @@ def test_a_documents_offset_in_the_window_does_not_matter(variant):
 
 
 def test_a_windows_first_token_starts_a_document_whatever_it_is():
-    """A window cut mid-document: its tokens up to the first EOT are one document, computed as if alone."""
+    """A window cut mid-document: its tokens up to the first TOY_EOT are one document, computed as if alone."""
     model = document_model(attn_type="xsa", n_sinks=2)
-    tail = documents([8])[0][1:]  # no EOT in front
+    tail = documents([8])[0][1:]  # no TOY_EOT in front
     a, = documents([9], seed=3)
     packed = model(torch.cat((tail, a))[None])[0][0]
     causal = with_config(model, attn_mask="causal")
@@ -120,10 +84,10 @@ def test_a_windows_first_token_starts_a_document_whatever_it_is():
 
 
 def test_document_segments_and_positions():
-    tokens = torch.tensor([[3, 4, EOT, 5, 6, EOT, EOT, 8],
-                           [0, 0, EOT, 4, EOT, 5, 6, 8]])  # the second row left-padded by two
+    tokens = torch.tensor([[3, 4, TOY_EOT, 5, 6, TOY_EOT, TOY_EOT, 8],
+                           [0, 0, TOY_EOT, 4, TOY_EOT, 5, 6, 8]])  # the second row left-padded by two
     valid = torch.tensor([[True] * 8, [False, False] + [True] * 6])
-    segments, positions = document_segments(tokens, valid, EOT)
+    segments, positions = document_segments(tokens, valid, TOY_EOT)
     assert positions.tolist() == [[0, 1, 0, 1, 2, 0, 0, 1], [0, 0, 0, 1, 0, 1, 2, 3]]
     assert segments.tolist() == [[0, 0, 1, 1, 1, 2, 3, 3], [0, 0, 1, 1, 2, 2, 2, 2]]
 
@@ -177,14 +141,9 @@ def naive_document_forward(model, idx):
     return ln(model.transformer.ln_f, x[:, S:]) @ model.transformer.wte.weight.T
 
 
-def packed_batch():
-    """Two windows of several documents each, the second cut mid-document at its start."""
-    return torch.stack((torch.cat(documents([5, 1, 12, 6])), torch.cat((documents([4])[0][1:], *documents([8, 13], 4)))))
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", DOCUMENT_VARIANTS)
 def test_dense_document_mask_equals_a_written_out_softmax_in_logits_and_gradients(variant):
-    model = document_model(**VARIANTS[variant])
+    model = document_model(**DOCUMENT_VARIANTS[variant])
     idx = packed_batch()
     model.zero_grad(set_to_none=True)
     logits = model(idx)[0]
@@ -201,17 +160,6 @@ def test_dense_document_mask_equals_a_written_out_softmax_in_logits_and_gradient
 
 # -----------------------------------------------------------------------------
 # torch.compile: one graph, no break, and what eager computes
-
-COMPILE_VARIANTS = {"sa": {}, "xsa": dict(attn_type="xsa"), "gated": dict(attn_type="xsa", xsa_gate=True),
-                    "gqa": dict(attn_type="xsa", n_kv_head=1), "sinks": dict(attn_type="xsa", n_sinks=2),
-                    "xsa_layers": dict(attn_type="xsa", xsa_layers=1)}
-
-
-def explain(model, *args):
-    import torch._dynamo as dynamo
-    dynamo.reset()
-    return dynamo.explain(lambda *a: model(*a)[1 if len(a) > 1 else 0])(*args)
-
 
 @pytest.mark.parametrize("variant", COMPILE_VARIANTS)
 def test_document_masked_variants_trace_as_one_graph_without_a_break(variant):
@@ -241,7 +189,7 @@ def test_compiled_document_masked_forward_and_backward_match_eager(variant):
 
 def test_recomputed_blocks_give_the_same_training_under_a_document_mask():
     """Activation checkpointing recomputes each block with the same mask and the same dropout draws."""
-    from parallelize import apply_activation_checkpointing
+    from pretrain.parallelize import apply_activation_checkpointing
     idx = packed_batch()
     results = {}
     for mode in ("none", "block", "selective"):
@@ -268,7 +216,7 @@ def first_token_outputs(model, idx, t):
     hook.remove()
     x = model.transformer.ln_emb(torch.cat((model.sinks.expand(1, -1, -1), model.transformer.wte(idx)), dim=1)
                                  if model.config.n_sinks else model.transformer.wte(idx))
-    cos, sin, _ = model.positions(idx, 0, model.config.n_sinks)
+    cos, sin, _ = model.rope_and_mask(idx, 0, model.config.n_sinks)
     q, k, v = attn.project_qkv(model.transformer.h[0].ln_1(x), cos, sin)
     S, H, D = model.config.n_sinks, model.config.n_head, model.config.head_dim
     z = record["z"][0, S + t].view(H, D)
@@ -308,33 +256,23 @@ def test_with_sinks_xsa_at_a_documents_first_token_passes_the_sinks_part_orthogo
 
 def test_an_unknown_attn_mask_names_the_choices():
     with pytest.raises(ValueError, match=r"attn_mask must be one of \('causal', 'document'\), got 'doc'"):
-        GPTConfig(**{**SMALL, "attn_mask": "doc"})
+        GPTConfig(**{**DOCUMENT_MODEL, "attn_mask": "doc"})
 
 
 def test_dropout_under_the_document_mask_warns_of_the_dense_mask():
     with pytest.warns(UserWarning, match="dense"):
-        GPTConfig(**{**SMALL, "attn_mask": "document", "dropout": 0.1})
+        GPTConfig(**{**DOCUMENT_MODEL, "attn_mask": "document", "dropout": 0.1})
 
 
 def test_eot_token_must_be_a_token_of_the_vocabulary():
     with pytest.raises(ValueError, match="eot_token=97 is not a token of vocab_size=97"):
-        GPTConfig(**{**SMALL, "attn_mask": "document", "eot_token": 97})
+        GPTConfig(**{**DOCUMENT_MODEL, "attn_mask": "document", "eot_token": 97})
 
 
 # -----------------------------------------------------------------------------
 # eval/similarity.py reads the mask the attention was given
 
 def test_the_similarity_diagnostic_scores_attention_under_the_models_own_mask():
-    """Every token its own document (all EOT): under the document mask each query sees only itself, so a_ii
+    """Every token its own document (all TOY_EOT): under the document mask each query sees only itself, so a_ii
     is 1 in every layer; under the causal mask it is not. (FlexAttention's block mask: test_flex_attention.py.)"""
     assert_similarity_reads_the_document_mask()
-
-
-def assert_similarity_reads_the_document_mask():
-    from eval.similarity import similarity_stats
-    idx = torch.full((2, 16), EOT)
-    document = document_model(dtype=torch.float32, attn_type="xsa")
-    stats = similarity_stats(document, idx)
-    assert stats["a_ii"] == pytest.approx([1.0] * SMALL["n_layer"], abs=1e-6)
-    causal = similarity_stats(with_config(document, attn_mask="causal"), idx)
-    assert max(causal["a_ii"]) < 0.9

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import micro_args, run_train
-from metrics import read_metrics
-from test_train import unigram_cross_entropy
+from helpers import PARALLEL_RUN, assert_same_training, unigram_cross_entropy
+from pretrain.metrics import read_metrics
 
 pytestmark = pytest.mark.slow  # every test trains
 
@@ -22,7 +22,7 @@ def paragraph_data_dir(tmp_path_factory, corpus_docs):
     """Shards whose documents are the plays' paragraphs (tens of tokens each, several per 32-token window),
     each preceded by the end-of-text token, as prepare.py writes them."""
     import tiktoken
-    from shards import write_shard
+    from pretrain.shards import write_shard
     enc = tiktoken.get_encoding("gpt2")
     paragraphs = [p for doc in corpus_docs for p in doc.split("\n\n") if p.strip()]
     tokens = np.concatenate([np.array([EOT] + enc.encode_ordinary(p), dtype=np.uint16) for p in paragraphs])
@@ -87,9 +87,8 @@ def test_two_process_fsdp_with_recomputed_blocks_matches_one_process(paragraph_d
     """The mask is made from each process's own tokens, inside every recomputed block alike (DDP shards the
     data as FSDP does; its recomputed blocks are those of tests/test_document_mask.py)."""
     parallelism, recompute = "fsdp", "block"
-    from test_fsdp import RUN, assert_same_training
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    settings = dict(RUN, attn_type="xsa", n_sinks=1, attn_mask="document")
+    settings = dict(PARALLEL_RUN, attn_type="xsa", n_sinks=1, attn_mask="document")
     run_train(micro_args(paragraph_data_dir, one, **settings))
     run_train(micro_args(paragraph_data_dir, two, parallelism=parallelism, activation_checkpointing=recompute,
                          **settings), nproc=2)

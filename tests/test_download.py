@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import DOWNLOAD, load_script
-from shards import write_shard
-from test_prepare_progress import ETA, last_bar
+from helpers import ETA, last_bar
+from pretrain.shards import write_shard
 
 
 def test_download_file_list_is_val_then_numbered_train_shards():

@@ -22,11 +22,10 @@ import tiktoken  # noqa: E402
 import yaml  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from checkpointer import list_checkpoints  # noqa: E402
 from conftest import REPO, run_in_process, run_script  # noqa: E402
-from eval.common import load_model  # noqa: E402
 from eval.downstream import PAPER_TABLE2, TASKS, make_adapter_class  # noqa: E402
 from fakes.hub import NOWHERE, no_hub_env  # noqa: E402
+from pretrain.checkpointer import list_checkpoints, load_model  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
 # where each task's definition lives inside lm_eval/tasks in lm-eval 0.4.13
@@ -220,7 +219,7 @@ def fixture_tasks(tmp_path_factory):
 def downstream_report(trained_runs, fixture_tasks, tmp_path_factory):
     out = tmp_path_factory.mktemp("downstream")
     proc = run_in_process(
-        ["eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", trained_runs["xsa"],
+        ["-m", "eval.downstream", "--sa", trained_runs["sa"], "--xsa", trained_runs["xsa"],
          "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--batch_size", "4",
          "--bootstrap_iters", "10", "--paper", "--out", out])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -304,7 +303,7 @@ def test_a_checkpoint_that_cannot_be_loaded_is_named_in_one_line(trained_runs, f
         with open(path, "wb") as f:
             f.write(data[:len(data) // 3])
     proc = run_in_process(
-        ["eval/downstream.py", "--sa", trained_runs["sa"], "--xsa", path, "--tasks", "boolq",
+        ["-m", "eval.downstream", "--sa", trained_runs["sa"], "--xsa", path, "--tasks", "boolq",
          "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()  # with a truncated file, after lm-eval's progress on SA
@@ -369,7 +368,7 @@ def test_without_the_hub_the_paper_tasks_stop_in_one_line_before_any_model(train
     dataset = load_yaml(installed, resolve_func=False)["dataset_path"]
     env = offline_env(tmp_path, HF_HUB_OFFLINE=None, HF_DATASETS_OFFLINE=None) if mode == "Hub unreachable" \
         else offline_env(tmp_path)
-    proc = run_script(["eval/downstream.py", trained_runs["sa"], "--limit", "20", "--device", "cpu",
+    proc = run_script([sys.executable, "-m", "eval.downstream", trained_runs["sa"], "--limit", "20", "--device", "cpu",
                        "--out", tmp_path / "out"], env=env)
     assert proc.returncode == 3, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
@@ -402,7 +401,7 @@ def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs,
         data.write_text(good[0] + '{"question": "is it cut off\n' + "".join(good[1:]))
     elif case == "not an object":
         data.write_text(good[0] + "[1, 2]\n")
-    proc = run_script(["eval/downstream.py", trained_runs["sa"], "--include_path", tasks,
+    proc = run_script([sys.executable, "-m", "eval.downstream", trained_runs["sa"], "--include_path", tasks,
                        "--no_default_tasks", "--device", "cpu", "--out", tmp_path / "out"], env=offline_env(tmp_path))
     assert proc.returncode == 3, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
@@ -414,7 +413,7 @@ def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs,
 
 @pytest.mark.slow
 def test_an_unknown_task_is_refused_before_any_model_loads(trained_runs, fixture_tasks, tmp_path):
-    proc = run_in_process(["eval/downstream.py", trained_runs["sa"], "--tasks", "boolq,hellaswa",
+    proc = run_in_process(["-m", "eval.downstream", trained_runs["sa"], "--tasks", "boolq,hellaswa",
                        "--include_path", fixture_tasks, "--no_default_tasks", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode == 2 and "evaluating" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].endswith(
@@ -427,7 +426,7 @@ def test_an_unknown_task_is_refused_before_any_model_loads(trained_runs, fixture
 @pytest.fixture(scope="module")
 def exported_sa(trained_runs, tmp_path_factory):
     folder = tmp_path_factory.mktemp("export") / "hf_sa"
-    result = run_in_process(["scripts/export_hf.py", trained_runs["sa"], folder])
+    result = run_in_process(["-m", "scripts.export_hf", trained_runs["sa"], folder])
     assert result.status == 0, result.stderr[-3000:]
     return str(folder)
 

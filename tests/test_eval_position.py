@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import MICRO, micro_args, run_eval, run_in_process, run_train
-from dataloader import val_sequences
-from eval.common import load_model
 from eval.position_loss import bucket_losses, position_losses
+from pretrain.checkpointer import load_model
+from pretrain.dataloader import val_sequences
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, 
     other.mkdir()
     shutil.copy(os.path.join(data_dir, "fineweb_train_000001.bin"), other / "fineweb_val_000000.bin")
     proc = run_in_process(
-        ["eval/position_loss.py", trained_runs["sa"], "--labels", "SA", "--data_dir", other,
+        ["-m", "eval.position_loss", trained_runs["sa"], "--labels", "SA", "--data_dir", other,
          "--num_sequences", "8", "--device", "cpu", "--out", tmp_path / "out"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "out" / "position_loss.json") as f:
@@ -119,7 +119,7 @@ def test_sequences_longer_than_a_models_context_are_refused_in_one_line(trained_
         run_train(micro_args(data_dir, longer, block_size=64, max_iters=1, eval_interval=1, checkpoint_interval=1,
                              val_tokens=1024))
         args, source = [longer, trained_runs["sa"]], "the first checkpoint's block_size 64"
-    proc = run_in_process(["eval/position_loss.py", *args, "--num_sequences", "2", "--device", "cpu",
+    proc = run_in_process(["-m", "eval.position_loss", *args, "--num_sequences", "2", "--device", "cpu",
                        "--out", tmp_path / "out"])
     assert proc.returncode == 3
     assert proc.stderr.strip().splitlines() == [f"{source} is longer than the context of {trained_runs['sa']} "

@@ -2,9 +2,9 @@
 attention written here from the weights, sinks are not counted as tokens, XSA's output is
 orthogonal to the own value vector (gated XSA: what the gate leaves), and the validation data
 defaults to the checkpoint's own.
-Also what eval/common.py gives every script: a checkpoint that cannot be loaded, or an --out that
-cannot be written, is named in one line on stderr with exit status 3 and no traceback, and progress
-bars are drawn on a terminal only, never with --quiet."""
+Also what eval/common.py and pretrain/checkpointer.py give every script: a checkpoint that cannot be
+loaded, or an --out that cannot be written, is named in one line on stderr with exit status 3 and no
+traceback, and progress bars are drawn on a terminal only, never with --quiet."""
 
 import fcntl
 import json
@@ -24,14 +24,13 @@ import torch
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from checkpoint import save_sharded_checkpoint
-from checkpointer import list_checkpoints
 from conftest import HANG_GUARD_S, MICRO, REPO, run_eval, run_in_process
-from eval.common import load_model
-from dataloader import val_sequences
-from eval import common
 from eval.similarity import QUANTITIES, similarity_stats, stats_over_batches
 from model import GPT, GPTConfig
+from pretrain import checkpointer
+from pretrain.checkpoint_format import save_sharded_checkpoint
+from pretrain.checkpointer import list_checkpoints, load_model
+from pretrain.dataloader import val_sequences
 
 
 def rotate(x, theta):
@@ -198,7 +197,7 @@ def other_data_dir(data_dir, tmp_path_factory):
 @pytest.mark.slow
 def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, other_data_dir, tmp_path):
     proc = run_in_process(
-        ["eval/similarity.py", trained_runs["sa"], "--labels", "SA", "--data_dir", other_data_dir,
+        ["-m", "eval.similarity", trained_runs["sa"], "--labels", "SA", "--data_dir", other_data_dir,
          "--num_sequences", "4", "--device", "cpu", "--out", tmp_path])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(tmp_path / "similarity.json") as f:
@@ -213,7 +212,7 @@ def test_an_explicit_data_dir_wins_over_the_checkpoints(trained_runs, data_dir, 
 
 
 # -----------------------------------------------------------------------------
-# checkpoints that cannot be loaded (eval/common.py)
+# checkpoints that cannot be loaded (pretrain/checkpointer.py, load_model_or_exit)
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +259,7 @@ def one_line_exit(exit_info, stderr):
 def test_load_names_the_checkpoint_and_why_it_cannot_be_loaded(bad_checkpoints, case, capsys):
     path, reason = bad_checkpoints[case]
     with pytest.raises(SystemExit) as exit_info:
-        common.load(path, "cpu")
+        checkpointer.load_model_or_exit(path, "cpu")
     message = one_line_exit(exit_info, capsys.readouterr().err)  # the one line is the whole report
     assert message.startswith(f"cannot load checkpoint {path}: ") and reason in message
 
@@ -273,9 +272,9 @@ def test_load_reports_a_distributed_checkpoint_exception_in_one_line(trained_run
         error = ValueError("the metadata names no shard files")
         raise CheckpointException("load failed", {0: (error, traceback.extract_stack())})
 
-    monkeypatch.setattr(common, "load_model", unreadable)
+    monkeypatch.setattr(checkpointer, "load_model", unreadable)
     with pytest.raises(SystemExit) as exit_info:
-        common.load(trained_runs["sa"], "cpu")
+        checkpointer.load_model_or_exit(trained_runs["sa"], "cpu")
     message = one_line_exit(exit_info, capsys.readouterr().err)
     assert message == f"cannot load checkpoint {trained_runs['sa']}: ValueError: the metadata names no shard files"
 
@@ -289,7 +288,7 @@ def test_load_warns_in_one_line_about_a_skipped_newer_checkpoint(trained_runs, t
     shutil.copy(older, run / os.path.basename(older))
     with open(newest, "rb") as f:
         (run / os.path.basename(newest)).write_bytes(f.read()[:1000])
-    model, _ = common.load(str(run), "cpu")
+    model, _ = checkpointer.load_model_or_exit(str(run), "cpu")
     want, _ = load_model(older, "cpu")
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), want.state_dict().values()))
     err = capsys.readouterr().err.strip().splitlines()
@@ -303,8 +302,8 @@ def test_scripts_exit_with_one_line_naming_the_checkpoint(trained_runs, bad_chec
     path, reason = bad_checkpoints[case]
     # after a good checkpoint for the scripts that take several: a bad one is named, whichever it is
     checkpoints = [path] if script == "sample.py" else [trained_runs["xsa"], path]
-    proc = run_in_process([f"eval/{script}", *checkpoints, "--device", "cpu"]
-                      + ([] if script == "sample.py" else ["--num_sequences", "2", "--out", tmp_path]))
+    proc = run_in_process(["-m", "eval." + script.removesuffix(".py"), *checkpoints, "--device", "cpu"]
+                          + ([] if script == "sample.py" else ["--num_sequences", "2", "--out", tmp_path]))
     assert proc.returncode == 3
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr  # one line, no traceback
     assert proc.stderr.startswith(f"cannot load checkpoint {path}: ") and reason in proc.stderr
@@ -347,7 +346,7 @@ def test_an_out_that_cannot_be_written_is_named_in_one_line(trained_runs, tmp_pa
     else:
         out = request.getfixturevalue("read_only_dir")
     args = [trained_runs["sa"]] if script == "compare.py" else [trained_runs["sa"], "--device", "cpu"]
-    proc = run_in_process([f"eval/{script}", *args, "--out", out])
+    proc = run_in_process(["-m", "eval." + script.removesuffix(".py"), *args, "--out", out])
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert proc.stderr.count("\n") == 1 and proc.stdout == "", proc.stderr  # one line, before any work
     if case == "a file":
@@ -387,7 +386,8 @@ def run_on_terminal(args):
 @pytest.mark.parametrize("script", ["similarity.py", "position_loss.py"])
 def test_progress_bar_with_eta_on_a_terminal_and_none_with_quiet(trained_runs, tmp_path, script):
     """2 batches per model: a bar per model, labelled with it, counting to 2/2 with the time left."""
-    args = [sys.executable, f"eval/{script}", trained_runs["sa"], trained_runs["xsa"], "--labels", "SA", "XSA",
+    args = [sys.executable, "-m", "eval." + script.removesuffix(".py"), trained_runs["sa"], trained_runs["xsa"],
+            "--labels", "SA", "XSA",
             "--num_sequences", "4", "--batch_size", "2", "--device", "cpu", "--out", str(tmp_path)]
     status, stdout, terminal = run_on_terminal(args)
     assert status == 0, terminal[-3000:]

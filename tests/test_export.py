@@ -4,25 +4,26 @@ what cannot be exported is refused in one line without writing anything."""
 
 import json
 import os
+import sys
 
 import pytest
 import torch
 
-from checkpoint import save_checkpoint
 from conftest import CORPUS, REPO, run_in_process, run_script
+from helpers import MODEL_VARIANTS, with_documents
 from model import GPT, GPTConfig
-from test_generate import VARIANTS, with_documents
-from train_config import make_config
+from pretrain.checkpoint_format import save_checkpoint
+from pretrain.train_config import make_config
 
 pytestmark = pytest.mark.slow  # each export builds a tokenizer and writes a model: seconds, not milliseconds
 
-EXPORT = os.path.join(REPO, "scripts", "export_hf.py")
+EXPORT = ["-m", "scripts.export_hf"]  # run from the repo root
 SMALL = dict(n_layer=2, n_head=4, n_embd=32, head_dim=8, block_size=32)  # GPT-2's vocabulary: real text
 
 
 def checkpoint_of(variant, folder):
     """A checkpoint file of a model of `variant` whose logits are far from ties, as train.py writes one."""
-    keys = {**SMALL, **VARIANTS[variant]}
+    keys = {**SMALL, **MODEL_VARIANTS[variant]}
     torch.manual_seed(0)
     model = GPT(GPTConfig(**keys))
     with torch.no_grad():
@@ -42,10 +43,10 @@ def exports(tmp_path_factory):
     """{variant: (export folder, the checkpoint's GPT)} for every variant the repo trains."""
     root = tmp_path_factory.mktemp("exports")
     made = {}
-    for variant in VARIANTS:
+    for variant in MODEL_VARIANTS:
         path, model = checkpoint_of(variant, root / f"run_{variant}")
         folder = root / f"hf_{variant}"
-        result = run_in_process([EXPORT, path, folder])
+        result = run_in_process([*EXPORT, path, folder])
         assert result.status == 0, result.stderr[-3000:]
         made[variant] = (str(folder), model)
     return made
@@ -57,7 +58,7 @@ def real_text_tokens(n):
         return torch.tensor([tiktoken.get_encoding("gpt2").encode_ordinary(f.read(20_000))[:n]])
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", MODEL_VARIANTS)
 def test_exported_logits_equal_the_checkpoints(exports, variant):
     folder, model = exports[variant]
     exported = load_export(folder)
@@ -69,7 +70,7 @@ def test_exported_logits_equal_the_checkpoints(exports, variant):
         assert torch.allclose(theirs, ours, rtol=1e-5, atol=1e-5 * ours.abs().max().item())
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", MODEL_VARIANTS)
 def test_transformers_greedy_generate_with_the_cache_equals_without_and_the_full_forward(exports, variant):
     """transformers' own generate: use_cache passes its DynamicCache to model.py's attention; a batch of 3
     prompts of different lengths is left-padded, with an attention mask, and each row continues as alone."""
@@ -147,7 +148,7 @@ def test_the_tokenizer_encodes_as_tiktoken(exports):
 def test_bfloat16_weights_in_shards_with_an_index(tmp_path):
     path, model = checkpoint_of("xsa", tmp_path / "run")
     folder = tmp_path / "hf"
-    result = run_in_process([EXPORT, path, folder, "--dtype", "bfloat16", "--max_shard_size", "2MB"])
+    result = run_in_process([*EXPORT, path, folder, "--dtype", "bfloat16", "--max_shard_size", "2MB"])
     assert result.status == 0, result.stderr[-3000:]
     index = json.load(open(folder / "model.safetensors.index.json"))
     shards = sorted(set(index["weight_map"].values()))
@@ -160,7 +161,7 @@ def test_bfloat16_weights_in_shards_with_an_index(tmp_path):
 
 def run_export(*args):
     """The exporter in a process of its own (what it prints, how it exits)."""
-    return run_script([EXPORT, *map(str, args)])
+    return run_script([sys.executable, *EXPORT, *map(str, args)])
 
 
 def test_what_cannot_be_exported_is_one_line_and_writes_nothing(tmp_path):
@@ -168,7 +169,7 @@ def test_what_cannot_be_exported_is_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "hf"
 
     def refused(*args, says):
-        result = run_in_process([EXPORT, *args])
+        result = run_in_process([*EXPORT, *args])
         assert result.status == 3, result.stderr[-3000:]
         assert len(result.stderr.strip().splitlines()) == 1 and says in result.stderr, result.stderr
         return result
@@ -191,7 +192,7 @@ def test_what_cannot_be_exported_is_one_line_and_writes_nothing(tmp_path):
     refused(newer, tmp_path / "hf_newer", says="keys this exporter does not know (attn_window)")
     assert not (tmp_path / "hf_newer").exists()
     # --overwrite replaces the folder whole
-    assert run_in_process([EXPORT, path, out, "--overwrite"]).status == 0
+    assert run_in_process([*EXPORT, path, out, "--overwrite"]).status == 0
     assert "notes.txt" not in os.listdir(out) and "config.json" in os.listdir(out)
 
 
@@ -199,7 +200,7 @@ def test_push_to_hub_without_a_login_is_one_line(tmp_path):
     path, _ = checkpoint_of("sa", tmp_path / "run")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_TOKEN")}
     env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="0")
-    result = run_script([EXPORT, path, tmp_path / "hf", "--push_to_hub", "me/xsa-test"], env=env)
+    result = run_script([sys.executable, *EXPORT, path, tmp_path / "hf", "--push_to_hub", "me/xsa-test"], env=env)
     assert result.status == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: --push_to_hub needs a Hugging Face login")
     assert (tmp_path / "hf" / "config.json").exists()  # the export itself is done
@@ -211,7 +212,7 @@ def test_push_to_hub_uploads_the_whole_folder(tmp_path):
     folder = tmp_path / "hf"
     with accepting_hub() as (endpoint, hub):
         env = no_hub_env(endpoint, tmp_path, HF_TOKEN="hf_fake", HF_HUB_OFFLINE="0", HF_HUB_DISABLE_XET="1")
-        result = run_script([EXPORT, path, folder, "--push_to_hub", "tester/xsa-tiny"], env=env)
+        result = run_script([sys.executable, *EXPORT, path, folder, "--push_to_hub", "tester/xsa-tiny"], env=env)
     assert result.status == 0, result.stderr[-3000:] + str(hub.requests)
     assert "pushed to tester/xsa-tiny" in result.stdout
     sent = hub.files["tester/xsa-tiny"]

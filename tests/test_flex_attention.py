@@ -6,43 +6,48 @@ runs it beside the rest."""
 import pytest
 import torch
 
+from helpers import (COMPILE_VARIANTS, DOCUMENT_VARIANTS, assert_similarity_reads_the_document_mask, document_model,
+                     documents, explain, packed_batch)
 import model as model_module
-from test_document_mask import (COMPILE_VARIANTS, VARIANTS, assert_similarity_reads_the_document_mask, document_model,
-                                documents, explain, packed_batch)
+from model import flex_attention_devices
 
 
 def use_flex_on_cpu(monkeypatch, backend):
-    """Document masks as FlexAttention on the CPU too, as on CUDA (forward only: it has no CPU backward), its
-    two compiled functions compiled by `backend`: "eager" traces them as CUDA's Triton kernels are traced,
-    in a second; "inductor" also builds its C++ kernels, in many (and for static shapes: its C++ template of
-    FlexAttention fails to compile with dynamic ones in torch 2.13, which CUDA's Triton template takes)."""
+    """FlexAttention's two compiled functions compiled by `backend`, for document masks on the CPU too
+    (FLEX_ON_CPU): "eager" traces them as CUDA's Triton kernels are traced, in a second; "inductor" also builds
+    its C++ kernels, in many (and for static shapes: its C++ template of FlexAttention fails to compile with
+    dynamic ones in torch 2.13, which CUDA's Triton template takes)."""
     import torch._dynamo as dynamo
-    monkeypatch.setattr(model_module, "FLEX_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(model_module, "_compiled_flex", tuple(
         torch.compile(function, backend=backend, dynamic=False)
         for function in (model_module.flex_attention, model_module.create_block_mask)))
     dynamo.reset()
 
 
+# document masks as FlexAttention on the CPU too, as on CUDA (forward only: it has no CPU backward)
+FLEX_ON_CPU = ("cuda", "cpu")
+
+
 @pytest.fixture
 def flex_on_cpu(monkeypatch):
     use_flex_on_cpu(monkeypatch, "eager")
-    yield
+    with flex_attention_devices(*FLEX_ON_CPU):
+        yield
     import torch._dynamo as dynamo
     dynamo.reset()
 
 
-@pytest.mark.parametrize("variant,backend", [(v, "eager") for v in VARIANTS] + [
+@pytest.mark.parametrize("variant,backend", [(v, "eager") for v in DOCUMENT_VARIANTS] + [
     pytest.param(v, "inductor", marks=pytest.mark.slow) for v in ("xsa_sinks", "gated_gqa")])
 def test_flex_attention_equals_the_dense_mask(variant, backend, monkeypatch):
     use_flex_on_cpu(monkeypatch, backend)
-    model = document_model(dtype=torch.float32, **VARIANTS[variant])
+    model = document_model(dtype=torch.float32, **DOCUMENT_VARIANTS[variant])
     idx = packed_batch()
     with torch.no_grad():
-        cos, sin, block_mask = model.positions(idx, 0, model.config.n_sinks)
-        assert isinstance(block_mask, model_module.BlockMask)
-        flex = model(idx)[0]
-        model_module.FLEX_DEVICES = ("cuda",)
+        with flex_attention_devices(*FLEX_ON_CPU):
+            cos, sin, block_mask = model.rope_and_mask(idx, 0, model.config.n_sinks)
+            assert isinstance(block_mask, model_module.BlockMask)
+            flex = model(idx)[0]
         dense = model(idx)[0]
     torch.testing.assert_close(flex, dense, rtol=1e-5, atol=1e-5)
 
@@ -62,10 +67,10 @@ def test_flex_prefill_then_cached_decoding_equals_the_full_forward(flex_on_cpu):
     idx = torch.cat(documents([5, 7], seed=4))[None]
     with torch.no_grad():
         cached = model.generate(idx, 10, temperature=0, use_cache=True)
-        model_module.FLEX_DEVICES = ("cuda",)  # the reference: the dense mask's full forward (flex == dense above)
-        reference = idx
-        for _ in range(10):
-            reference = torch.cat((reference, model(reference)[0][:, -1:].argmax(-1)), dim=1)
+        with flex_attention_devices("cuda"):  # the reference: the dense mask's full forward (flex == dense above)
+            reference = idx
+            for _ in range(10):
+                reference = torch.cat((reference, model(reference)[0][:, -1:].argmax(-1)), dim=1)
     assert torch.equal(cached, reference)
 
 

@@ -11,33 +11,15 @@ import sys
 import pytest
 import torch
 
-from checkpointer import list_checkpoints, load_latest_checkpoint
-from eval.common import load_model
 from conftest import MICRO, REPO, communicate, make_optimizer, micro_args, run_train
-from dataloader import val_sequences
-from metrics import read_metrics
+from helpers import PARALLEL_RUN, assert_same_training, records
+from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, load_model
+from pretrain.dataloader import val_sequences
 
 # one global batch of 4 x 2 sequences: 1 process x 4 micro-steps, or 2 processes x 2 micro-steps;
 # 5 val sequences: on 2 processes 3 and 2, in batches of 2, so FSDP's collective forwards must line up
-RUN = dict(max_iters=6, lr_decay_iters=6, batch_size=2, total_batch_size=2 * 2 * 32 * 2, checkpoint_interval=2,
-           eval_interval=100, val_tokens=5 * 32)
 # the two-process FSDP runs: XSA also with every block's activations recomputed
 FSDP = {"sa": dict(parallelism="fsdp"), "xsa": dict(parallelism="fsdp", activation_checkpointing="block")}
-
-
-def records(out_dir):
-    return read_metrics(os.path.join(out_dir, "metrics.jsonl"))
-
-
-def assert_same_training(run, reference, steps, rel=1e-4):
-    """Equal train losses and gradient norms at `steps`, and equal final val losses (to rel)."""
-    got = {r["step"]: r for r in records(run)}
-    want = {r["step"]: r for r in records(reference)}
-    assert sorted(got) == list(steps)
-    for step in steps:
-        assert got[step]["train_loss"] == pytest.approx(want[step]["train_loss"], rel=rel), step
-        assert got[step]["grad_norm"] == pytest.approx(want[step]["grad_norm"], rel=rel), step
-    assert got[steps[-1]]["val_loss"] == pytest.approx(want[steps[-1]]["val_loss"], rel=rel)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +28,7 @@ def one_process(data_dir, tmp_path_factory):
     runs = {}
     for attn_type in ("sa", "xsa"):
         runs[attn_type] = str(tmp_path_factory.mktemp(f"one_{attn_type}"))
-        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, **RUN))
+        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, **PARALLEL_RUN))
     return runs
 
 
@@ -56,7 +38,7 @@ def fsdp_runs(data_dir, tmp_path_factory):
     runs = {}
     for attn_type, settings in FSDP.items():
         runs[attn_type] = str(tmp_path_factory.mktemp(f"fsdp_{attn_type}"))
-        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, **RUN, **settings), nproc=2)
+        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, **PARALLEL_RUN, **settings), nproc=2)
     return runs
 
 
@@ -72,7 +54,7 @@ def test_two_process_fsdp_matches_one_process(one_process, fsdp_runs, attn_type)
 def test_two_process_fsdp_muon_matches_ddp_muon_and_resumes(data_dir, tmp_path):
     """Muon orthogonalises whole matrices under FSDP too (all-gathered, not shard by shard): the same
     losses as DDP, where every process holds whole matrices, and a sharded Muon checkpoint resumes."""
-    muon = dict(RUN, optimizer="muon", attn_type="xsa", learning_rate=1e-2)
+    muon = dict(PARALLEL_RUN, optimizer="muon", attn_type="xsa", learning_rate=1e-2)
     ddp, fsdp = str(tmp_path / "ddp"), str(tmp_path / "fsdp")
     run_train(micro_args(data_dir, ddp, **muon), nproc=2)
     run_train(micro_args(data_dir, fsdp, parallelism="fsdp", **{**muon, "max_iters": 4}), nproc=2)
@@ -97,7 +79,7 @@ def test_compiled_two_process_training_with_recomputed_blocks_matches_eager(data
     DDP and FSDP: graphs compiled, no graph break, the eager single-process losses, and checkpoints of
     the uncompiled state dict (no _orig_mod. prefixes)."""
     out = str(tmp_path / "run")
-    proc = run_train(micro_args(data_dir, out, attn_type="xsa", compile=True, **RUN, **COMPILED[name]), nproc=2)
+    proc = run_train(micro_args(data_dir, out, attn_type="xsa", compile=True, **PARALLEL_RUN, **COMPILED[name]), nproc=2)
     summary = re.search(r"^torch.compile: (\d+) graphs, (\d+) graph breaks", proc.stdout, re.M)
     assert summary, proc.stdout[-2000:]
     graphs, breaks = int(summary.group(1)), int(summary.group(2))
@@ -113,9 +95,9 @@ def test_a_recomputed_block_compiles_on_its_own():
     give dynamo a graph (it skips torch's checkpoint when that is the compiled frame itself)."""
     import torch._dynamo as dynamo
     from torch._dynamo.utils import counters
-    from train_config import model_config
+    from pretrain.train_config import model_config
     from model import GPT
-    from parallelize import apply_activation_checkpointing
+    from pretrain.parallelize import apply_activation_checkpointing
     dynamo.reset()
     counters.clear()
     model = GPT(model_config({**MICRO, "vocab_size": 512, "attn_type": "xsa"}))
@@ -151,7 +133,7 @@ def test_fsdp_checkpoint_resumes_in_ddp(data_dir, tmp_path, one_process, fsdp_ru
     """On one process (no process group) and on two DDP processes (each reads every shard)."""
     out = str(tmp_path / "run")
     copy_checkpoint(fsdp_runs[attn_type], "ckpt_0000004", out)
-    proc = run_train(micro_args(data_dir, out, attn_type=attn_type, init_from="resume", **RUN), nproc=nproc)
+    proc = run_train(micro_args(data_dir, out, attn_type=attn_type, init_from="resume", **PARALLEL_RUN), nproc=nproc)
     assert "resuming from" in proc.stdout and "at step 4" in proc.stdout
     assert ("checkpoint has RNG states of 2 ranks, resuming on 1" in proc.stdout) == (nproc == 1)
     assert_same_training(out, one_process[attn_type], steps=[5, 6])
@@ -162,7 +144,7 @@ def test_fsdp_checkpoint_resumes_in_ddp(data_dir, tmp_path, one_process, fsdp_ru
 def test_single_file_checkpoint_resumes_in_two_process_fsdp(data_dir, tmp_path, one_process):
     out = str(tmp_path / "run")
     copy_checkpoint(one_process["xsa"], "ckpt_0000004.pt", out)
-    proc = run_train(micro_args(data_dir, out, attn_type="xsa", init_from="resume", **RUN, **FSDP["xsa"]), nproc=2)
+    proc = run_train(micro_args(data_dir, out, attn_type="xsa", init_from="resume", **PARALLEL_RUN, **FSDP["xsa"]), nproc=2)
     assert "at step 4" in proc.stdout
     assert_same_training(out, one_process["xsa"], steps=[5, 6])
     assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004.pt", "ckpt_0000006"]
@@ -172,7 +154,7 @@ def test_single_file_checkpoint_resumes_in_two_process_fsdp(data_dir, tmp_path, 
 def test_an_fsdp_checkpoint_exports_as_its_single_file_equivalent(fsdp_runs, tmp_path):
     """scripts/export_hf.py reads a DCP directory in one process: the folder is byte for byte the one
     exported from the same weights in a single-file checkpoint."""
-    from checkpoint import save_checkpoint
+    from pretrain.checkpoint_format import save_checkpoint
     from conftest import run_in_process
     sharded = os.path.join(fsdp_runs["xsa"], "ckpt_0000006")
     model, config = load_model(sharded)
@@ -180,7 +162,7 @@ def test_an_fsdp_checkpoint_exports_as_its_single_file_equivalent(fsdp_runs, tmp
     folders = {}
     for name, path in (("sharded", sharded), ("single", single)):
         folders[name] = tmp_path / f"hf_{name}"
-        result = run_in_process(["scripts/export_hf.py", path, folders[name]])
+        result = run_in_process(["-m", "scripts.export_hf", path, folders[name]])
         assert result.status == 0, result.stderr[-3000:]
     contents = {name: {f: (folder / f).read_bytes() for f in sorted(os.listdir(folder))} for name, folder in folders.items()}
     assert contents["sharded"] == contents["single"] and "model.safetensors" in contents["single"]
@@ -191,7 +173,7 @@ def test_sharded_checkpoint_loads_for_evaluation(data_dir, fsdp_runs):
     """eval/*.py's load_model, in one process without a process group: the run's last val loss."""
     model, config = load_model(fsdp_runs["sa"])
     assert config["parallelism"] == "fsdp" and not model.training
-    x, y = val_sequences(data_dir, MICRO["block_size"], RUN["val_tokens"])
+    x, y = val_sequences(data_dir, MICRO["block_size"], PARALLEL_RUN["val_tokens"])
     with torch.no_grad():
         val_loss = model(x, y)[1].item()
     assert val_loss == pytest.approx(records(fsdp_runs["sa"])[-1]["val_loss"], rel=1e-5)
@@ -215,7 +197,7 @@ def test_truncated_sharded_checkpoint_falls_back_to_previous(tmp_path, fsdp_runs
 def test_corrupt_metadata_is_an_unreadable_checkpoint_not_a_base_exception(tmp_path, fsdp_runs):
     """DCP raises CheckpointException (a BaseException) for a corrupt .metadata: resume falls back to the
     previous checkpoint, and evaluation gets an ordinary error naming the checkpoint."""
-    from checkpoint import CorruptCheckpoint
+    from pretrain.checkpoint_format import CorruptCheckpoint
     out = str(tmp_path / "run")
     shutil.copytree(fsdp_runs["sa"], out)
     metadata = os.path.join(out, "ckpt_0000006", ".metadata")
@@ -240,7 +222,7 @@ def test_corrupted_shard_is_found_by_the_process_checking_it_and_all_fall_back(d
     with open(shard, "r+b") as f:  # same size, other bytes: only the checksum can tell
         f.seek(os.path.getsize(shard) // 2)
         f.write(b"\xff" * 64)
-    proc = run_train(micro_args(data_dir, out, init_from="resume", **RUN, **FSDP["sa"]), nproc=2)
+    proc = run_train(micro_args(data_dir, out, init_from="resume", **PARALLEL_RUN, **FSDP["sa"]), nproc=2)
     assert "skipping unreadable checkpoint" in proc.stderr and "__1_0.distcp does not match its checksum" in proc.stderr
     assert "at step 4" in proc.stdout
     assert_same_training(out, one_process["sa"], steps=range(1, 7))
@@ -249,8 +231,8 @@ def test_corrupted_shard_is_found_by_the_process_checking_it_and_all_fall_back(d
 def test_failed_sharded_checkpoint_write_leaves_previous_intact(tmp_path, monkeypatch):
     """Also: a sharded checkpoint written and read by one process, without a process group."""
     import errno
-    from checkpoint import load_training_state, save_sharded_checkpoint
-    from train_config import model_config
+    from pretrain.checkpoint_format import load_training_state, save_sharded_checkpoint
+    from pretrain.train_config import model_config
     from model import GPT
     model = GPT(model_config(MICRO))
     optimizer = make_optimizer(model)
@@ -274,9 +256,9 @@ def test_failed_sharded_checkpoint_write_leaves_previous_intact(tmp_path, monkey
 
 def test_activation_checkpointing_gives_the_same_training():
     """Recomputed blocks give bit-identical losses, gradients and parameters, dropout included."""
-    from train_config import model_config
+    from pretrain.train_config import model_config
     from model import GPT
-    from parallelize import apply_activation_checkpointing
+    from pretrain.parallelize import apply_activation_checkpointing
     x = torch.randint(0, 512, (4, MICRO["block_size"] + 1))
     results = {}
     for mode in ("none", "block", "selective"):
@@ -312,7 +294,7 @@ def measured():
     procs = {}
     for name, settings in MEASURED.items():
         args = [f"--{k}={v}" for k, v in {**settings, "device": "cpu", "dtype": "float32"}.items()]
-        procs[name] = subprocess.Popen([sys.executable, "scripts/memory_plan.py", *args, "--measure=True",
+        procs[name] = subprocess.Popen([sys.executable, "-m", "scripts.memory_plan", *args, "--measure=True",
                                         "--json_output=True"], cwd=REPO, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
                                        start_new_session=True)
@@ -341,9 +323,9 @@ def test_activation_checkpointing_lowers_measured_peak(measured):
 
 def test_memory_plan_for_the_paper_configs():
     """Sharding and recomputation lower the planned memory per GPU of the 2.7B model on 8 GPUs."""
-    import memory_plan
+    from scripts import memory_plan
     from dataclasses import replace
-    from train_config import resolve
+    from pretrain.train_config import resolve
     c, _ = resolve([os.path.join(REPO, "config", "xsa_2p7b.py")])
     total = {}
     for parallelism in ("ddp", "fsdp"):

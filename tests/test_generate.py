@@ -4,30 +4,10 @@ the plain full forward: a decode path never compared with the full forward is kn
 import pytest
 import torch
 
+from helpers import MODEL_VARIANTS, TOY_EOT, with_documents
 from model import GPT, GPTConfig, KVCache, rope_tables
 
 BASE = dict(n_layer=2, n_head=4, n_embd=32, head_dim=8, block_size=24, vocab_size=97)
-EOT = 7  # the document masks' eot_token: a token of this vocabulary and of GPT-2's
-# every variant the repo trains
-VARIANTS = {
-    "sa": {},
-    "xsa": dict(attn_type="xsa"),
-    "gated": dict(attn_type="xsa", xsa_gate=True),
-    "sinks": dict(attn_type="xsa", n_sinks=2),
-    "gqa": dict(attn_type="xsa", n_kv_head=2),
-    "mqa_sinks_sa": dict(n_kv_head=1, n_sinks=1),
-    "xsa_layers": dict(attn_type="xsa", xsa_layers=1),
-    "bias_theta": dict(attn_type="xsa", bias=True, rope_theta=500.0, xsa_gate=True),
-    "document": dict(attn_mask="document", eot_token=EOT),
-    "document_xsa_sinks_gqa": dict(attn_type="xsa", n_sinks=2, n_kv_head=2, attn_mask="document", eot_token=EOT),
-}
-
-
-def with_documents(idx):
-    """idx with an EOT every 5 tokens from the fourth on: several documents, the first cut at its start."""
-    idx = idx.clone()
-    idx[..., 3::5] = EOT
-    return idx
 
 
 def decisive_model(**overrides):
@@ -48,10 +28,10 @@ def argmax_loop(model, idx, steps):
     return idx
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", MODEL_VARIANTS)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_decoding_with_the_cache_equals_without_and_the_full_forward(variant, batch):
-    model = decisive_model(**VARIANTS[variant])
+    model = decisive_model(**MODEL_VARIANTS[variant])
     idx = with_documents(torch.randint(0, 97, (batch, 5)))
     with torch.no_grad():
         cached = model.generate(idx, 12, temperature=0, use_cache=True)
@@ -60,9 +40,9 @@ def test_greedy_decoding_with_the_cache_equals_without_and_the_full_forward(vari
     assert torch.equal(cached, reference) and torch.equal(uncached, reference)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", MODEL_VARIANTS)
 def test_logits_position_by_position_through_the_cache_equal_the_full_forward(variant):
-    model = decisive_model(**VARIANTS[variant])
+    model = decisive_model(**MODEL_VARIANTS[variant])
     idx = with_documents(torch.randint(0, 97, (2, 16)))
     with torch.no_grad():
         full = model(idx)[0]
@@ -73,12 +53,12 @@ def test_logits_position_by_position_through_the_cache_equal_the_full_forward(va
     assert cache.get_seq_length() == model.config.n_sinks + 16  # the sinks entered once
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("pad", [0, EOT])  # padding with the end-of-text token (as transformers' exports do)
+@pytest.mark.parametrize("variant", MODEL_VARIANTS)
+@pytest.mark.parametrize("pad", [0, TOY_EOT])  # padding with the end-of-text token (as transformers' exports do)
 def test_a_left_padded_batch_computes_each_sequence_as_alone(variant, pad):
     """Padding is never attended to and positions count tokens only (the sinks in front): each row's
     logits equal those of its tokens run alone, in the prefill and through the cache."""
-    model = decisive_model(**VARIANTS[variant])
+    model = decisive_model(**MODEL_VARIANTS[variant])
     torch.manual_seed(1)
     prompts = [with_documents(torch.randint(0, 97, (n,))) for n in (7, 3, 5)]
     width = max(len(p) for p in prompts)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from train import Guards
-from train_config import make_config
+from pretrain.guards import Guards
+from pretrain.train_config import make_config
 
 LOSSES = json.load(open(os.path.join(REPO, "tests", "fixtures", "losses.json")))
 

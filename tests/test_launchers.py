@@ -16,8 +16,8 @@ import time
 import pytest
 
 from conftest import HANG_GUARD_S, REPO, micro_args, run_script
-from metrics import read_metrics
-from test_sweeps import dry_run
+from helpers import dry_run
+from pretrain.metrics import read_metrics
 
 FOREVER = os.path.join(REPO, "scripts", "train_forever.sh")
 SLURM = os.path.join(REPO, "scripts", "slurm_train.sh")
@@ -375,8 +375,8 @@ def launch_leader(forever_pid):
 
 
 def newest_checkpoint_step(out_dir):
-    from checkpoint import checkpoint_step
-    from checkpointer import list_checkpoints
+    from pretrain.checkpoint_format import checkpoint_step
+    from pretrain.checkpointer import list_checkpoints
     paths = list_checkpoints(out_dir) if os.path.isdir(out_dir) else []
     return checkpoint_step(paths[-1]) if paths else None
 

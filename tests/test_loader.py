@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from dataloader import TrainLoader, val_sequences
-from shards import ShardError, list_shards, read_shard, write_shard
+from pretrain.dataloader import TrainLoader, val_sequences
+from pretrain.shards import ShardError, list_shards, read_shard, write_shard
 
 T, STEP_TOKENS = 32, 8 * 32
 

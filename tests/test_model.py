@@ -157,7 +157,7 @@ def test_causality(attn_type, n_sinks):
 @pytest.mark.parametrize("attn_type", ["sa", "xsa"])
 def test_paper_configs_have_paper_sizes(size, expected, attn_type):
     from configurator import parse_config
-    from train_config import TRAIN_KEYS, model_config
+    from pretrain.train_config import TRAIN_KEYS, model_config
     config, _ = parse_config(TRAIN_KEYS, [os.path.join(REPO, "config", f"{attn_type}_{size}.py")])
     assert config["attn_type"] == attn_type
     with torch.device("meta"):
@@ -167,7 +167,7 @@ def test_paper_configs_have_paper_sizes(size, expected, attn_type):
 
 def test_xsa_config_differs_from_sa_only_in_attn_type():
     from configurator import parse_config
-    from train_config import TRAIN_KEYS
+    from pretrain.train_config import TRAIN_KEYS
     for size in ("0p7b", "1p4b", "2p7b", "tiny"):
         sa, _ = parse_config(TRAIN_KEYS, [os.path.join(REPO, "config", f"sa_{size}.py")])
         xsa, _ = parse_config(TRAIN_KEYS, [os.path.join(REPO, "config", f"xsa_{size}.py")])

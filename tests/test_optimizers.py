@@ -135,7 +135,7 @@ def fixed_grads(model, step):
 def split_muon_worker(rank, world, out_dir, parallelism):
     import torch.distributed as dist
     from torch.distributed.tensor import distribute_tensor
-    from optimizers import Muon, is_hidden_matrix
+    from pretrain.optimizers import Muon, is_hidden_matrix
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)
@@ -168,7 +168,7 @@ def test_split_muon_matches_torch_muon_and_each_process_orthogonalises_its_share
     with the weights of torch.optim.Muon run whole in one process (whole matrices under DDP; rows of
     every matrix under FSDP2)."""
     import torch.multiprocessing as mp
-    from optimizers import is_hidden_matrix
+    from pretrain.optimizers import is_hidden_matrix
     mp.start_processes(split_muon_worker, args=(2, str(tmp_path), parallelism), nprocs=2, start_method="spawn")
     by_rank = {rank: torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)}
 

@@ -17,8 +17,8 @@ import tiktoken
 from conftest import (CORPUS, EOT, HANG_GUARD_S, PREPARE, REPO, SHARD_SIZE, VAL_TOKENS, leftover_temp_files,
                       listed_shards, load_script, prepare_args, run_prepare, shard_bytes, shard_paths,
                       write_fineweb_parquet)
-from paragraphs import split_into_documents
-from shards import read_header, read_shard, write_shard
+from data.fineweb.paragraphs import split_into_documents
+from pretrain.shards import read_header, read_shard, write_shard
 
 
 def token_stream(out_dir):
@@ -245,7 +245,7 @@ def test_killed_the_moment_each_shard_appears_resumes_to_identical_shards(docs, 
     reference, out_dir = str(tmp_path / "reference"), str(tmp_path / "out")
     sizes = ["--shard_size", 200_000, "--val_tokens", 200_000, "--num_proc", 1]
     run_prepare("--input", parquet, "--out_dir", reference, *sizes)
-    args = [sys.executable, PREPARE, "--input", parquet, "--out_dir", out_dir, *map(str, sizes)]
+    args = [sys.executable, "-m", PREPARE, "--input", parquet, "--out_dir", out_dir, *map(str, sizes)]
     first_inode, kills = {}, 0
     for _ in range(10):
         listed_before = listed_shards(out_dir) if os.path.exists(os.path.join(out_dir, "manifest.json")) else []

@@ -13,7 +13,7 @@ import pytest
 from conftest import (CORPUS, HANG_GUARD_S, LOCK, PREPARE, leftover_temp_files, listed_shards, load_script,
                       prepare_args, run_prepare, run_script, shard_bytes)
 from fakes.hub import closed_port
-from files import DirectoryLock
+from pretrain.files import DirectoryLock
 
 
 # -----------------------------------------------------------------------------
@@ -48,7 +48,7 @@ def test_bad_input_fails_in_one_line_naming_the_file(tmp_path, name, content, er
     content(str(path)) if callable(content) else path.write_bytes(content)
     # after a good file, so that the bad one is met while reading, with the pool running
     result = run_prepare("--input", CORPUS[0], str(path), "--out_dir", tmp_path / "out", "--num_proc", 1, check=False)
-    assert result.returncode == 1
+    assert result.returncode == 3  # unusable input: running again unchanged cannot fix it (exits.STOPPED)
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(f"{tmp_path}/{error}")  # the error's own line
 
@@ -63,12 +63,12 @@ def test_no_lock_file_is_left_behind(prepared, parquet_file, tmp_path):
     assert "nothing to do" in run_prepare(*prepare_args([parquet_file], prepared)).stdout
     assert not os.path.exists(os.path.join(prepared, LOCK))
     refused = run_prepare("--input", parquet_file, "--out_dir", prepared, "--shard_size", 7, check=False)
-    assert refused.returncode == 1 and "other settings" in refused.stderr
+    assert refused.returncode == 2 and "other settings" in refused.stderr  # a command line at odds with out_dir
     assert not os.path.exists(os.path.join(prepared, LOCK))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"no text": 1}\n')
     failed = run_prepare("--input", CORPUS[0], str(bad), "--out_dir", tmp_path / "out", "--num_proc", 1, check=False)
-    assert failed.returncode == 1 and "no `text` field" in failed.stderr
+    assert failed.returncode == 3 and "no `text` field" in failed.stderr
     assert LOCK not in os.listdir(tmp_path / "out")
 
 
@@ -77,7 +77,7 @@ def test_a_second_writer_is_refused_and_leaves_the_first_ones_lock(parquet_file,
     os.makedirs(out_dir)
     with DirectoryLock(out_dir, LOCK) as held:
         result = run_prepare(*prepare_args([parquet_file], out_dir), check=False)
-        assert result.returncode == 1 and "another prepare.py is writing to" in result.stderr
+        assert result.returncode == 3 and "another prepare.py is writing to" in result.stderr
         assert f"PID {os.getpid()}" in result.stderr
         with open(held.path) as f:  # the refused run neither removed nor rewrote the holder's lock file
             assert f.read() == f"{os.getpid()}\n"
@@ -103,7 +103,7 @@ def read_only_dir(tmp_path):
 def test_an_out_dir_that_cannot_be_written_fails_in_one_line(parquet_file, tmp_path, make_out_dir):
     out_dir = make_out_dir(tmp_path)
     result = run_prepare(*prepare_args([parquet_file], out_dir), check=False)
-    assert result.returncode == 1
+    assert result.returncode == 3
     assert "Traceback" not in result.stderr
     message = result.stderr.strip().splitlines()
     assert len(message) == 1 and message[0].startswith(f"cannot write to {out_dir} (")
@@ -125,8 +125,10 @@ def test_a_full_disk_stops_in_one_line_and_the_rerun_resumes(prepared, parquet_f
     monkeypatch.setattr(sys, "argv", [PREPARE, *map(str, prepare_args([parquet_file], out_dir, "--quiet"))])
     with pytest.raises(SystemExit) as stop:
         prepare.main()
-    assert str(stop.value).startswith(f"cannot write to {out_dir} ([Errno {errno.ENOSPC}] No space left on device)")
-    assert "rerun the same command" in str(stop.value)
+    message = capsys.readouterr().err
+    assert stop.value.code == 3  # exits.STOPPED
+    assert message.startswith(f"cannot write to {out_dir} ([Errno {errno.ENOSPC}] No space left on device)")
+    assert "rerun the same command" in message
     assert listed_shards(out_dir) == ["fineweb_val_000000.bin", "fineweb_train_000001.bin"]
     assert not os.path.exists(os.path.join(out_dir, LOCK))
     assert leftover_temp_files(out_dir) == []
@@ -145,7 +147,8 @@ def test_prepare_without_the_bpe_files_says_to_set_tiktoken_cache_dir(tmp_path):
     proxy = f"http://127.0.0.1:{closed_port()}"
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty"), "HTTPS_PROXY": proxy, "https_proxy": proxy,
            "NO_PROXY": "", "no_proxy": ""}
-    result = run_script([PREPARE, "--input", CORPUS[0], "--out_dir", tmp_path / "out"], env=env, timeout=HANG_GUARD_S)
-    assert result.returncode == 1
+    result = run_script([sys.executable, "-m", PREPARE, "--input", CORPUS[0], "--out_dir", tmp_path / "out"], env=env,
+                        timeout=HANG_GUARD_S)
+    assert result.returncode == 3
     assert "Traceback" not in result.stderr
     assert "TIKTOKEN_CACHE_DIR" in result.stderr.strip().splitlines()[-1]

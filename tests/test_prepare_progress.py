@@ -3,13 +3,13 @@
 import fcntl
 import os
 import pty
-import re
 import struct
 import subprocess
 import sys
 import termios
 
 from conftest import PREPARE, REPO, prepare_args, run_prepare
+from helpers import ETA, last_bar
 
 
 def run_on_a_terminal(cmd):
@@ -31,22 +31,17 @@ def run_on_a_terminal(cmd):
     return proc.wait(), output.decode()
 
 
-def last_bar(stderr):
-    return re.split(r"[\r\n]+", stderr.strip())[-1]
-
-
-ETA = re.compile(r"\[\d\d:\d\d<\d\d:\d\d")  # [elapsed<remaining
-
-
 def test_progress_bar_counts_documents_to_the_total_of_the_input(parquet_file, docs, tmp_path):
-    status, stderr = run_on_a_terminal([sys.executable, PREPARE, *map(str, prepare_args([parquet_file], tmp_path / "a"))])
+    status, stderr = run_on_a_terminal([sys.executable, "-m", PREPARE,
+                                        *map(str, prepare_args([parquet_file], tmp_path / "a"))])
     assert status == 0
     bar = last_bar(stderr)
     assert bar.startswith("100%") and f" {len(docs)}/{len(docs)} " in bar and ETA.search(bar), bar
 
 
 def test_progress_bar_counts_tokens_to_max_tokens(parquet_file, tmp_path):
-    cmd = [sys.executable, PREPARE, *map(str, prepare_args([parquet_file], tmp_path / "a", "--max_tokens", 55_555))]
+    cmd = [sys.executable, "-m", PREPARE,
+           *map(str, prepare_args([parquet_file], tmp_path / "a", "--max_tokens", 55_555))]
     status, stderr = run_on_a_terminal(cmd)
     assert status == 0
     bar = last_bar(stderr)
@@ -54,8 +49,8 @@ def test_progress_bar_counts_tokens_to_max_tokens(parquet_file, tmp_path):
 
 
 def test_no_progress_bar_with_quiet_or_in_a_log(parquet_file, tmp_path):
-    status, stderr = run_on_a_terminal([sys.executable, PREPARE, *map(str, prepare_args([parquet_file], tmp_path / "a",
-                                                                                        "--quiet"))])
+    status, stderr = run_on_a_terminal([sys.executable, "-m", PREPARE,
+                                        *map(str, prepare_args([parquet_file], tmp_path / "a", "--quiet"))])
     assert status == 0 and stderr.strip() == ""
     logged = run_prepare(*prepare_args([parquet_file], tmp_path / "b"))  # stderr is a pipe
     assert logged.stderr.strip() == "" and "done:" in logged.stdout

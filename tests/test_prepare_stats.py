@@ -12,9 +12,9 @@ import pytest
 import tiktoken
 
 from conftest import EOT, VAL_TOKENS, leftover_temp_files, prepare_args, run_prepare
-from shards import read_header, write_shard
+from pretrain.shards import read_header, write_shard
 
-import doc_stats
+from data.fineweb import doc_stats
 
 LONGER_THAN = [512, 1024, 2048, 4096, 8192, 16384]
 

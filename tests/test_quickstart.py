@@ -12,8 +12,8 @@ import subprocess
 import pytest
 
 from conftest import HANG_GUARD_S, REPO, run_script
-from shards import list_shards, read_header
-from test_sweeps import config_value, sweep_env
+from helpers import config_value, sweep_env
+from pretrain.shards import list_shards, read_header
 
 # quickstart.sh prepares data and trains in subprocesses: the slow tier
 pytestmark = pytest.mark.slow
@@ -84,6 +84,6 @@ def test_quickstart_scores_a_small_val_split_and_says_what_its_result_rests_on(t
     study = run_script([os.path.join(repo, "scripts", "small_study.sh")],
                        env=sweep_env(DRY_RUN="1", DATA_DIR=shards, INPUT=plays, OUT_ROOT=str(tmp_path / "out")))
     assert study.returncode == 0, study.stderr
-    prepare = next(shlex.split(line) for line in study.stdout.splitlines() if "prepare.py" in line)
+    prepare = next(shlex.split(line) for line in study.stdout.splitlines() if "data.fineweb.prepare" in line)
     again = run_script(prepare, cwd=repo, timeout=HANG_GUARD_S)
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr

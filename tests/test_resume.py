@@ -12,11 +12,11 @@ import time
 import pytest
 import torch
 
-from checkpoint import save_checkpoint
-from checkpointer import list_checkpoints, load_latest_checkpoint, prune_checkpoints
 from conftest import (CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, make_optimizer, micro_args,
                       run_script, run_train)
-from metrics import read_metrics
+from pretrain.checkpoint_format import save_checkpoint
+from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, prune_checkpoints
+from pretrain.metrics import read_metrics
 
 # dropout makes every step draw random numbers, so a lost RNG state would show in the losses
 RESUME = dict(max_iters=8, lr_decay_iters=8, eval_interval=4, checkpoint_interval=4, dropout=0.1)
@@ -157,6 +157,40 @@ def test_checkpoint_holds_the_documented_state_and_loads_weights_only(data_dir, 
     assert state["step"] == 4 and not any(k.startswith("_orig_mod.") for k in state["model"])
     assert {"python", "numpy", "torch"} <= set(state["rng"][0])
     assert state["loader"]["offset"] > 0 and state["config"]["n_layer"] == 2
+
+
+def pickled_modules(path):
+    """The modules whose names a torch checkpoint file's pickle refers to (its GLOBAL opcodes)."""
+    import pickletools
+    import zipfile
+    with zipfile.ZipFile(path) as archive:
+        data = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    modules, strings = set(), []
+    for opcode, arg, _ in pickletools.genops(data):
+        if opcode.name == "GLOBAL":
+            modules.add(arg.split(" ")[0])
+        elif opcode.name == "STACK_GLOBAL":
+            modules.add(strings[-2])
+        elif opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            strings.append(arg)
+    return modules
+
+
+@pytest.mark.slow
+def test_a_checkpoint_written_before_the_package_still_resumes(data_dir, tmp_path, uninterrupted):
+    """A checkpoint file is plain containers and tensors, with no path of the code that wrote it: the one the
+    flat layout wrote (checkpoint.py, checkpointer.py at the root) is this same dict, saved by torch.save, and
+    resumes as the uninterrupted run continues."""
+    path = os.path.join(uninterrupted["sa"], "ckpt_0000004.pt")
+    modules = pickled_modules(path)
+    assert modules and all(m.split(".")[0] in ("torch", "collections", "builtins", "_codecs") for m in modules), \
+        modules  # nothing of the repo: pretrain, checkpointer, checkpoint, train_config, model, ...
+    out = tmp_path / "flat_layout_run"
+    out.mkdir()
+    torch.save(torch.load(path, weights_only=True), out / "ckpt_0000004.pt")  # as the flat layout's code saved it
+    proc = run_train(micro_args(data_dir, str(out), init_from="resume", **RESUME))
+    assert "at step 4" in proc.stdout
+    assert losses(out) == [(step, loss) for step, loss in losses(uninterrupted["sa"]) if step > 4]
 
 
 def test_failed_checkpoint_write_leaves_previous_intact(tmp_path, monkeypatch):
@@ -316,9 +350,9 @@ def test_full_disk_during_training_exits_3_and_keeps_the_previous_checkpoint(dat
 
 
 def test_checkpointer_refuses_to_save_a_non_finite_state(tmp_path):
-    from checkpointer import Checkpointer, NonFiniteState, RunState
+    from pretrain.checkpointer import Checkpointer, NonFiniteState, RunState
     from model import GPT, GPTConfig
-    from runtime import Runtime
+    from pretrain.runtime import Runtime
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=64))
     optimizer = make_optimizer(model)
     checkpointer = Checkpointer(str(tmp_path), 2, model, optimizer, loader=None,
@@ -489,7 +523,7 @@ def test_run_state_flips_are_all_detected(data_dir, tmp_path):
     file either makes it unreadable or leaves what it loads unchanged, never a silently different state
     (a flip in the step once resumed at the wrong step)."""
     import random
-    from checkpoint import load_checkpoint_file
+    from pretrain.checkpoint_format import load_checkpoint_file
     out = str(tmp_path / "run")
     run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
     path = list_checkpoints(out)[-1]
@@ -516,8 +550,8 @@ def test_run_state_flips_are_all_detected(data_dir, tmp_path):
 def test_flipped_bits_in_a_sharded_run_state_are_detected(tmp_path):
     """FSDP's run_state.pt holds step, loader position, config and RNG: every flip that loads is caught."""
     import random
-    from checkpoint import load_checkpoint_file, save_sharded_checkpoint
-    from train_config import model_config
+    from pretrain.checkpoint_format import load_checkpoint_file, save_sharded_checkpoint
+    from pretrain.train_config import model_config
     from conftest import MICRO
     from model import GPT
     model = GPT(model_config(MICRO))

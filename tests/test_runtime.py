@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import runtime
 from conftest import REPO, run_script
-from runtime import DeviceError, pick_device, setup_runtime
+from pretrain import runtime
+from pretrain.runtime import DeviceError, pick_device, setup_runtime
 
 
 @pytest.fixture
@@ -114,6 +114,7 @@ def test_provenance_reads_a_checkout_that_another_user_owns(tmp_path):
     env = {**os.environ, "GIT_CONFIG_GLOBAL": str(no_trust)}
     refused = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True, env=env)
     assert "dubious ownership" in refused.stderr  # the situation is real
-    result = run_script([sys.executable, "-c", "import runtime; print(runtime.git_state())"], cwd=clone, env=env)
+    result = run_script([sys.executable, "-c", "from pretrain import runtime; print(runtime.git_state())"], cwd=clone,
+                        env=env)
     assert result.stdout.strip() == repr((head, False)), result.stderr
     shutil.rmtree(clone, ignore_errors=True)

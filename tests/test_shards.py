@@ -6,8 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-import shards
-from shards import ShardError, read_header, read_shard, write_shard
+from pretrain import shards
+from pretrain.shards import ShardError, read_header, read_shard, write_shard
 
 
 def test_write_read_roundtrip(tmp_path):

@@ -13,66 +13,15 @@ import time
 import pytest
 
 from conftest import HANG_GUARD_S, REPO, micro_args, run_script
-from metrics import read_metrics
+from helpers import config_value, dry_run, run_sweep, sweep_env
+from pretrain.metrics import read_metrics
 
 # every test starts a sweep script (scripts/*.sh), some train: the slow tier
 pytestmark = pytest.mark.slow
 
 SCRIPTS = ["sweep_lr.sh", "sweep_seqlen.sh", "sweep_sinks.sh", "sweep_sizes.sh", "sweep_optimizer.sh",
            "small_study.sh"]
-SWEEP_ENV = ("NPROC", "GPUS", "SEEDS", "OUT_ROOT", "DRY_RUN", "PYTHON", "SIZE", "SIZES", "LRS", "LENGTHS", "OPTIMIZERS",
-             "SINKS", "MASKS", "TOTAL_BATCH_SIZE", "TOKENS_PER_MICRO", "DATA_DIR", "INPUT", "MAX_TOKENS",
-             "CUDA_VISIBLE_DEVICES")
 PAPER_TOKENS_PER_STEP = 524_288
-
-
-def sweep_env(**env):
-    clean = {k: v for k, v in os.environ.items() if k not in SWEEP_ENV}
-    return {**clean, "PYTHON": sys.executable, "NPROC": "1", **env}
-
-
-def run_sweep(script, *args, check=True, timeout=HANG_GUARD_S, **env):
-    proc = run_script([os.path.join(REPO, "scripts", script), *args], env=sweep_env(**env), timeout=timeout,
-                      cwd="/")  # the scripts find the repo themselves
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def dry_run(script, *args, with_output=False, **env):
-    """The train.py launches a sweep would make: [{"env", "launcher", "config", "args", "overrides"}] (and the
-    sweep's whole Result, with_output)."""
-    proc = run_sweep(script, *args, DRY_RUN="1", **env)
-    out = proc.stdout
-    commands = []
-    for line in out.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        words = shlex.split(line)
-        prefix = {}
-        while "=" in words[0] and not words[0].startswith("-"):
-            key, value = words.pop(0).split("=", 1)
-            prefix[key] = value
-        if "train.py" not in words:
-            continue  # prepare.py, compare.py
-        at = words.index("train.py")
-        args = words[at + 2:]
-        overrides = dict(a[2:].split("=", 1) for a in args)  # the last value of a key wins, as in train.py
-        commands.append({"env": prefix, "launcher": words[:at + 1], "config": words[at + 1], "args": args,
-                         "overrides": overrides})
-    return (commands, proc) if with_output else commands
-
-
-def config_value(config_file, key):
-    """A key of a config file, read by executing it (independently of the scripts)."""
-    namespace = {}
-    cwd = os.getcwd()
-    os.chdir(REPO)
-    try:
-        exec(open(config_file).read(), namespace)
-    finally:
-        os.chdir(cwd)
-    return namespace[key]
 
 
 def check_names(cmd, out_root, sweep, name, group):
@@ -312,15 +261,15 @@ def test_small_study_prepares_data_trains_seeds_and_compares(tmp_path):
                      INPUT="/some/corpus/*.txt")
     lines = [shlex.split(line) for line in proc.stdout.splitlines() if not line.startswith("#")]
     prepare = lines[0]
-    assert prepare[1:3] == ["data/fineweb/prepare.py", "--input"]
-    assert prepare[3] == "/some/corpus/*.txt"  # the glob goes to prepare.py unexpanded
+    assert prepare[1:4] == ["-m", "data.fineweb.prepare", "--input"]
+    assert prepare[4] == "/some/corpus/*.txt"  # the glob goes to prepare.py unexpanded
     assert prepare[prepare.index("--out_dir") + 1] == data_dir
     commands = dry_run("small_study.sh", OUT_ROOT=str(tmp_path), DATA_DIR=data_dir, INPUT="/some/corpus/*.txt")
     runs = [f"{tmp_path}/small_study/{a}_tiny_seed{s}" for s in (1, 2, 3) for a in ("sa", "xsa")]
     assert [c["overrides"]["out_dir"] for c in commands] == runs
     assert all(c["overrides"]["data_dir"] == data_dir for c in commands)
     compare = lines[-1]
-    assert compare[1] == "eval/compare.py" and compare[2:8] == runs
+    assert compare[1:3] == ["-m", "eval.compare"] and compare[3:9] == runs
 
 
 def test_small_study_with_the_document_mask_names_its_runs_group_and_table_apart(tmp_path):
@@ -332,7 +281,7 @@ def test_small_study_with_the_document_mask_names_its_runs_group_and_table_apart
         check_names(cmd, str(tmp_path), "small_study", name, "small_study_document")
         assert cmd["overrides"]["attn_mask"] == "document"
     compare = shlex.split(proc.stdout.splitlines()[-1])
-    assert compare[1] == "eval/compare.py" and compare[-2:] == ["--out", f"{tmp_path}/small_study/document"]
+    assert compare[1:3] == ["-m", "eval.compare"] and compare[-2:] == ["--out", f"{tmp_path}/small_study/document"]
 
 
 # -----------------------------------------------------------------------------
@@ -414,7 +363,7 @@ def test_interrupted_sweep_resumes_unfinished_runs_and_skips_finished_ones(tmp_p
 def test_sweeps_resolve_a_runs_config_as_train_py_does():
     """The skip decision needs a run's max_iters, and a run's name its variant: the scripts resolve a
     config with train_config.resolve, as train.py does, and name the variant with variant_name."""
-    from train_config import resolve, variant_name
+    from pretrain.train_config import resolve, variant_name
     argv = ["config/xsa_1p4b.py", "--max_iters=1234", "--learning_rate=2e-4", "--xsa_gate=True"]
     keys = ["max_iters", "learning_rate", "batch_size", "block_size", "eval_interval", "lr_decay_iters", "min_lr"]
     proc = run_script(["bash", "-c", 'source scripts/sweep_common.sh && resolve_config "$@"', "resolve",

@@ -10,21 +10,14 @@ import numpy as np
 import pytest
 
 from conftest import REPO, TRAINED_RUN, TRAINED_STEPS, micro_args, run_script, run_train
-from metrics import read_metrics
-from shards import list_shards, read_shard
+from helpers import unigram_cross_entropy
+from pretrain.metrics import read_metrics
+from pretrain.shards import list_shards, read_shard
 
 # every test starts train.py or reads the runs it trained: the slow tier
 pytestmark = pytest.mark.slow
 
 FIELDS = {"step", "train_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "peak_mem_gb", "tokens", "elapsed_s", "time"}
-
-
-def unigram_cross_entropy(data_dir, n_val_tokens):
-    """Loss of the best context-free model: train-set token frequencies (add-1/2) scored on the val tokens."""
-    train = np.concatenate([np.asarray(read_shard(p)) for p in list_shards(data_dir, "train")])
-    counts = np.bincount(train, minlength=2 ** 16).astype(np.float64) + 0.5
-    val = np.asarray(read_shard(list_shards(data_dir, "val")[0]))[1:n_val_tokens + 1]
-    return float(-np.log(counts[val] / counts.sum()).mean())
 
 
 def expected_lr(step, peak, warmup, decay_iters, min_lr):
@@ -97,7 +90,7 @@ def test_missing_data_dir_is_a_clear_error(tmp_path):
 
 def test_wandb_offline_run_gets_config_and_resumed_run_keeps_its_id(data_dir, tmp_path):
     import torch
-    from checkpointer import list_checkpoints
+    from pretrain.checkpointer import list_checkpoints
     out = str(tmp_path / "run")
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}  # its files go to <out_dir>/wandb
     settings = dict(max_iters=2, eval_interval=2, checkpoint_interval=1, wandb_log=True,
@@ -118,7 +111,7 @@ def test_wandb_offline_run_gets_config_and_resumed_run_keeps_its_id(data_dir, tm
 def test_token_id_beyond_the_vocabulary_names_the_shard(data_dir, tmp_path, split):
     """A shard of another tokenizer (or a corrupt one): a clear error naming the shard and the token,
     before any training step, not an IndexError deep in the embedding."""
-    from shards import write_shard
+    from pretrain.shards import write_shard
     bad_dir = tmp_path / "shards"
     bad_dir.mkdir()
     val = np.array(read_shard(list_shards(data_dir, "val")[0]))

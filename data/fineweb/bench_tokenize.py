@@ -3,12 +3,18 @@ Tokenization throughput: prepare.py's parallel path (a pool of --num_proc worker
 tokenize_batch over batches of documents) against a plain single-process encode_ordinary loop,
 on the same documents.
 
-    python data/fineweb/bench_tokenize.py                                  # the test corpus (six plays)
-    python data/fineweb/bench_tokenize.py --input 'sample/100BT/000_00000.parquet' --repeat 1
+    python -m data.fineweb.bench_tokenize                                  # the test corpus (six plays)
+    python -m data.fineweb.bench_tokenize --input 'sample/100BT/000_00000.parquet' --repeat 1
 
 Texts are split at paragraph breaks into documents of about --doc_chars characters, so a
 play resembles a run of FineWeb documents (a few KB each).
 """
+
+import sys
+
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m data.fineweb.bench_tokenize", file=sys.stderr)
+    sys.exit(2)
 
 import argparse
 import os
@@ -18,10 +24,11 @@ from multiprocessing import Pool
 
 import tiktoken
 
-from paragraphs import split_into_documents
-from prepare import DOCS_PER_BATCH, TOKENIZER, batched, expand_inputs, imap_ordered, iter_local_documents, tokenize_batch
+from data.fineweb.paragraphs import split_into_documents
+from data.fineweb.prepare import (DOCS_PER_BATCH, TOKENIZER, batched, expand_inputs, imap_ordered, iter_local_documents,
+                                  tokenize_batch)
+from pretrain.runtime import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEST_CORPUS = os.path.join(REPO, "tests", "fixtures", "corpus", "*.txt")
 
 

@@ -19,8 +19,8 @@ import os
 
 import numpy as np
 
-import shards
-from files import write_atomically
+from pretrain import shards
+from pretrain.files import write_atomically
 
 EOT = 50256
 STATS_FILE = "doc_lengths.json"

@@ -3,23 +3,25 @@ Download the public pre-tokenized GPT-2 FineWeb shards (llm.c format, the ones m
 uses) instead of tokenizing with prepare.py: the val shard and the first --shards train shards
 (about 100M tokens each).
 
-    python data/fineweb/download.py --shards 10                                   # 1B train tokens
-    python data/fineweb/download.py --dataset kjj0/fineweb10B-gpt2 --out_dir data/fineweb/fineweb10B
+    python -m data.fineweb.download --shards 10                                   # 1B train tokens
+    python -m data.fineweb.download --dataset kjj0/fineweb10B-gpt2 --out_dir data/fineweb/fineweb10B
 
 Files already there and valid are kept, so an interrupted download resumes.
 """
 
+import sys
+
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m data.fineweb.download", file=sys.stderr)
+    sys.exit(2)
+
 import argparse
 import os
-import sys
 
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-import shards
-from exits import one_line
-from hub_access import check_hub
+from pretrain import exits, shards
+from pretrain.exits import check_hub
 
 TRAIN_SHARDS = {"kjj0/fineweb100B-gpt2": 1030, "kjj0/fineweb10B-gpt2": 103}  # all of each dataset
 
@@ -45,11 +47,11 @@ def download_shard(repo_id, filename, out_dir):
         path = hf_hub_download(repo_id=repo_id, filename=filename, repo_type="dataset", local_dir=out_dir,
                                force_download=os.path.exists(path))  # a damaged copy: fetch it again
     except Exception as e:  # the connection lost midway, a file the repo does not have, ...
-        sys.exit(f"{filename}: download from {repo_id} failed ({one_line(e)}); rerun to resume")
+        exits.fail(f"{filename}: download from {repo_id} failed ({exits.one_line(e)}); rerun to resume", exits.RETRY)
     try:
         return shards.read_header(path)
     except shards.ShardError as e:
-        sys.exit(f"downloaded file is not a token shard: {e}")
+        exits.fail(f"downloaded file is not a token shard: {e}")
 
 
 def main():
@@ -68,7 +70,7 @@ def main():
     missing = {name for name in filenames if not is_valid_shard(os.path.join(args.out_dir, name))}
     if missing:  # a complete directory needs no Hub
         check_hub(args.dataset, "make the shards from local text files instead: "
-                                "python data/fineweb/prepare.py --input 'my_texts/*.txt'")
+                                "python -m data.fineweb.prepare --input 'my_texts/*.txt'")
     os.makedirs(args.out_dir, exist_ok=True)
     no_bars = args.quiet or not sys.stderr.isatty()  # a log would fill with carriage returns
     if no_bars:  # huggingface_hub's own bar, one per file, too

@@ -1,5 +1,5 @@
 """
-FineWeb (or any local text) -> GPT-2 token shards in the llm.c format (see shards.py).
+FineWeb (or any local text) -> GPT-2 token shards in the llm.c format (see pretrain/shards.py).
 
 The documents are tokenized by a pool of worker processes, each document as
 [50256] + encode_ordinary(text), and concatenated into one token stream that is cut into
@@ -7,10 +7,10 @@ shards: the first --val_tokens tokens go to fineweb_val_000000.bin, the rest to
 fineweb_train_000001.bin, fineweb_train_000002.bin, ... of --shard_size tokens each (the last
 one shorter). A document may straddle two shards, as in llm.c.
 
-    python data/fineweb/prepare.py                                       # FineWeb sample-100BT from the Hub
-    python data/fineweb/prepare.py --max_tokens 1_000_000_000             # the first 1B tokens only
-    python data/fineweb/prepare.py --input 'sample/100BT/*.parquet'       # local parquet/jsonl/txt files
-    python data/fineweb/prepare.py --verify --out_dir data/fineweb/fineweb100B
+    python -m data.fineweb.prepare                                       # FineWeb sample-100BT from the Hub
+    python -m data.fineweb.prepare --max_tokens 1_000_000_000             # the first 1B tokens only
+    python -m data.fineweb.prepare --input 'sample/100BT/*.parquet'       # local parquet/jsonl/txt files
+    python -m data.fineweb.prepare --verify --out_dir data/fineweb/fineweb100B
 
 Resumable: out_dir/manifest.json records, for every shard written, where in the document
 stream it starts and ends. Kill it at any moment and rerun it with the same arguments: it keeps
@@ -22,6 +22,12 @@ mean, median, p90, p99, and the share of the tokens in documents longer than 512
 doc_stats.py), and prints them as a table.
 """
 
+import sys
+
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m data.fineweb.prepare", file=sys.stderr)
+    sys.exit(2)
+
 import argparse
 import collections
 import errno
@@ -29,11 +35,8 @@ import glob
 import json
 import os
 import signal
-import sys
 import time
 from multiprocessing import Pool
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import numpy as np
 import pyarrow as pa
@@ -41,11 +44,9 @@ import pyarrow.parquet as pq
 import tiktoken
 from tqdm import tqdm
 
-import doc_stats
-import exits
-import shards
-from files import DirectoryLock, DirectoryLocked, remove_temp_files, write_atomically
-from hub_access import check_hub, exit_unreachable
+from data.fineweb import doc_stats
+from pretrain import exits, shards
+from pretrain.files import DirectoryLock, DirectoryLocked, remove_temp_files, write_atomically
 
 TOKENIZER = "gpt2"
 EOT = 50256  # <|endoftext|>, the delimiter that starts every document
@@ -64,11 +65,12 @@ def expand_inputs(patterns):
     for pattern in patterns:
         matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
         if not matches or not all(os.path.isfile(m) for m in matches):
-            sys.exit(f"--input {pattern!r}: no such file")
+            exits.fail(f"--input {pattern!r}: no such file")
         files += [os.path.abspath(m) for m in matches]
     for path in files:
         if not path.endswith((".parquet", ".jsonl", ".txt")):
-            sys.exit(f"--input {path}: unsupported file type (expected .parquet, .jsonl or .txt)")
+            exits.fail(f"--input {path}: unsupported file type (expected .parquet, .jsonl or .txt)",
+                       exits.CONFIG_ERROR)
         if path.endswith(".parquet"):
             open_parquet(path)  # a file without `text` fails now, not after hours on the files before it
     return files
@@ -79,13 +81,13 @@ def open_parquet(path):
     try:
         pf = pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as e:
-        sys.exit(f"{path}: not a readable parquet file ({e})")
+        exits.fail(f"{path}: not a readable parquet file ({e})")
     schema = pf.schema_arrow
     if "text" not in schema.names:
-        sys.exit(f"{path}: no `text` column (its columns: {', '.join(schema.names)})")
+        exits.fail(f"{path}: no `text` column (its columns: {', '.join(schema.names)})")
     kind = schema.field("text").type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        sys.exit(f"{path}: the `text` column holds {kind}, not strings")
+        exits.fail(f"{path}: the `text` column holds {kind}, not strings")
     return pf
 
 
@@ -103,7 +105,7 @@ def iter_parquet_texts(path, skip):
             column = batch.column(0)
             if column.null_count:  # None would only fail later, in a worker, without the file's name
                 first = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
-                sys.exit(f"{path}: row {row + first} (counting from 0) has no text (null)")
+                exits.fail(f"{path}: row {row + first} (counting from 0) has no text (null)")
             texts = column.to_pylist()
             yield from texts[skip:]
             skip = max(0, skip - len(texts))
@@ -124,7 +126,7 @@ def check_utf8(path, text, line=1):
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         line += text.count("\n", 0, e.start)
-        sys.exit(f"{path}, line {line}: not UTF-8 text (byte 0x{ord(text[e.start]) - 0xDC00:02x})")
+        exits.fail(f"{path}, line {line}: not UTF-8 text (byte 0x{ord(text[e.start]) - 0xDC00:02x})")
 
 
 def iter_jsonl_texts(path, skip):
@@ -140,11 +142,11 @@ def iter_jsonl_texts(path, skip):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                sys.exit(f"{path}, line {line_number}: not valid JSON ({e.msg}, column {e.colno})")
+                exits.fail(f"{path}, line {line_number}: not valid JSON ({e.msg}, column {e.colno})")
             if not isinstance(row, dict) or "text" not in row:
-                sys.exit(f"{path}, line {line_number}: no `text` field")
+                exits.fail(f"{path}, line {line_number}: no `text` field")
             if not isinstance(row["text"], str):
-                sys.exit(f"{path}, line {line_number}: `text` is {type(row['text']).__name__}, not a string")
+                exits.fail(f"{path}, line {line_number}: `text` is {type(row['text']).__name__}, not a string")
             yield row["text"]
 
 
@@ -187,7 +189,7 @@ def iter_hub_documents(dataset, name, start):
     try:
         ds = load_dataset(dataset, name=name, split="train", streaming=True)
     except Exception as e:
-        exit_unreachable(dataset, exits.one_line(e), LOCAL_FILES_INSTEAD)
+        exits.exit_unreachable(dataset, exits.one_line(e), LOCAL_FILES_INSTEAD)
     if start:
         ds = ds.skip(start)
     return (example["text"] for example in ds)
@@ -274,21 +276,22 @@ def load_manifest(out_dir, settings):
     path = os.path.join(out_dir, MANIFEST)
     if not os.path.exists(path):
         if glob.glob(os.path.join(glob.escape(out_dir), "*.bin")):  # not ours: the manifest is written before the first shard
-            sys.exit(f"{out_dir} holds shards but no {MANIFEST}; use an empty --out_dir")
+            exits.fail(f"{out_dir} holds shards but no {MANIFEST}; use an empty --out_dir",
+                       exits.CONFIG_ERROR)
         return {"settings": settings, "shards": [], "complete": False}
     with open(path) as f:
         manifest = json.load(f)
     changed = differences(manifest["settings"], settings)
     if changed:
-        sys.exit(f"{out_dir} was prepared with other settings ({'; '.join(changed)}); "
-                 f"rerun with the same arguments to resume, or use another --out_dir")
+        exits.fail(f"{out_dir} was prepared with other settings ({'; '.join(changed)}); "
+                   f"rerun with the same arguments to resume, or use another --out_dir", exits.CONFIG_ERROR)
     for shard in manifest["shards"]:  # a shard damaged since it was written is not silently kept
         try:
             ntok = shards.read_header(os.path.join(out_dir, shard["file"]))
         except shards.ShardError as e:
-            sys.exit(f"cannot resume: {e}")
+            exits.fail(f"cannot resume: {e}")
         if ntok != shard["tokens"]:
-            sys.exit(f"cannot resume: {shard['file']} holds {ntok} tokens but {MANIFEST} says {shard['tokens']}")
+            exits.fail(f"cannot resume: {shard['file']} holds {ntok} tokens but {MANIFEST} says {shard['tokens']}")
     return manifest
 
 
@@ -381,7 +384,7 @@ class ShardWriter:
         if self.filled:
             self.write_shard()
         if not self.manifest["shards"]:
-            sys.exit("no documents in the input")
+            exits.fail("no documents in the input")
         last = self.manifest["shards"][-1]
         self.manifest.update(complete=True, documents=last["last_doc"] + 1, tokens=self.tokens_written)
         save_manifest(self.out_dir, self.manifest)
@@ -404,21 +407,21 @@ def verify(out_dir):
     """Check every shard's header and size (and the manifest's token counts, if there is one)."""
     paths = sorted(glob.glob(os.path.join(glob.escape(out_dir), "*_val_*.bin"))) + sorted(glob.glob(os.path.join(glob.escape(out_dir), "*_train_*.bin")))
     if not paths:
-        sys.exit(f"verify failed: no *_val_*.bin or *_train_*.bin shards in {out_dir}")
+        exits.fail(f"verify failed: no *_val_*.bin or *_train_*.bin shards in {out_dir}")
     counts = {}
     for path in paths:
         try:
             counts[os.path.basename(path)] = shards.read_header(path)
         except shards.ShardError as e:
-            sys.exit(f"verify failed: {e}")
+            exits.fail(f"verify failed: {e}")
     status = f"no {MANIFEST}"
     if os.path.exists(os.path.join(out_dir, MANIFEST)):
         with open(os.path.join(out_dir, MANIFEST)) as f:
             manifest = json.load(f)
         for shard in manifest["shards"]:
             if counts.get(shard["file"]) != shard["tokens"]:
-                sys.exit(f"verify failed: {os.path.join(out_dir, shard['file'])}: {MANIFEST} says "
-                         f"{shard['tokens']} tokens, the shard has {counts.get(shard['file'], 'none (missing)')}")
+                exits.fail(f"verify failed: {os.path.join(out_dir, shard['file'])}: {MANIFEST} says "
+                           f"{shard['tokens']} tokens, the shard has {counts.get(shard['file'], 'none (missing)')}")
         status = "complete" if manifest["complete"] else "incomplete: rerun prepare.py with the same arguments to finish"
     val = sum(n for name, n in counts.items() if "_val_" in name)
     train = sum(counts.values()) - val
@@ -474,7 +477,7 @@ def write_shards(args, files):
             record_doc_lengths(args.out_dir, manifest)
         return
     if not files:
-        check_hub(args.dataset, LOCAL_FILES_INSTEAD)
+        exits.check_hub(args.dataset, LOCAL_FILES_INSTEAD)
 
     writer = ShardWriter(args.out_dir, manifest)
     start_doc, start_tokens, start_shards = writer.doc, writer.tokens_written, len(manifest["shards"])
@@ -483,8 +486,8 @@ def write_shards(args, files):
     try:
         tiktoken.get_encoding(TOKENIZER)  # load the BPE once, here: the forked workers inherit it
     except Exception as e:  # tiktoken downloads the BPE files on first use
-        sys.exit(f"cannot load tiktoken's {TOKENIZER} BPE files ({type(e).__name__}); offline, point "
-                 f"TIKTOKEN_CACHE_DIR at a directory holding tiktoken's cached {TOKENIZER} files")
+        exits.fail(f"cannot load tiktoken's {TOKENIZER} BPE files ({type(e).__name__}); offline, point "
+                   f"TIKTOKEN_CACHE_DIR at a directory holding tiktoken's cached {TOKENIZER} files")
     # the pool is forked before the Hub stream opens its connections and threads
     with Pool(args.num_proc, initializer=die_with, initargs=(os.getpid(),)) as pool:
         texts = iter_local_documents(files, start_doc) if files else iter_hub_documents(args.dataset, args.name, start_doc)
@@ -519,16 +522,16 @@ def main():
         os.makedirs(args.out_dir, exist_ok=True)
         lock = DirectoryLock(args.out_dir, ".prepare.lock").acquire()
     except DirectoryLocked as e:
-        sys.exit(f"another prepare.py is writing to {args.out_dir}: {e}")
+        exits.fail(f"another prepare.py is writing to {args.out_dir}: {e}")
     except OSError as e:  # read-only, or under a file: the first write in out_dir is the lock's
-        sys.exit(f"cannot write to {args.out_dir} ({e}); choose an --out_dir you can write to")
+        exits.fail(f"cannot write to {args.out_dir} ({e}); choose an --out_dir you can write to")
     try:
         write_shards(args, files)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):  # a full or read-only disk, never a read error
             raise
-        sys.exit(f"cannot write to {args.out_dir} ({e}); make room on its disk, then rerun the same command "
-                 f"to resume")
+        exits.fail(f"cannot write to {args.out_dir} ({e}); make room on its disk, then rerun the same command "
+                   f"to resume")
     finally:  # on errors too: a lock file left behind would look like a run in progress
         lock.release()
 

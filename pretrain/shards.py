@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from files import write_atomically
+from pretrain.files import write_atomically
 
 MAGIC = 20240520
 VERSION = 1
@@ -88,7 +88,8 @@ def check_token_ids(path, tokens, vocab_size, offset=0):
 def list_shards(data_dir, split):
     """Sorted shard paths of a split ("train" or "val") in data_dir; an error if there are none."""
     if not os.path.isdir(data_dir):
-        raise ShardError(f"data directory {data_dir!r} does not exist; run data/fineweb/prepare.py first")
+        raise ShardError(f"data directory {data_dir!r} does not exist; run data/fineweb/prepare.py "
+                         "(python -m data.fineweb.prepare) first")
     paths = sorted(glob.glob(os.path.join(glob.escape(data_dir), f"*_{split}_*.bin")))
     if not paths:
         raise ShardError(f"no {split} shards (*_{split}_*.bin) in {data_dir!r}")

@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
-from parallelize import local_shard
-from train_config import OPTIMIZERS
+from pretrain.parallelize import local_shard
+from pretrain.train_config import OPTIMIZERS
 
 
 def is_hidden_matrix(name, p):

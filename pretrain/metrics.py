@@ -2,7 +2,7 @@
 Run logging on the main process: stdout copied to <out_dir>/train.log, one JSON object per
 logged step in <out_dir>/metrics.jsonl, and the same metrics to wandb when enabled.
 Plots need only the JSONL files (eval/compare.py), no wandb account.
-And the throughput meter (tokens/s, MFU) that train.py and bench.py share.
+And the throughput meter (tokens/s, MFU) that train.py and scripts/bench.py share.
 """
 
 import json
@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from files import write_atomically
+from pretrain.files import write_atomically
 
 
 def read_metrics(path):

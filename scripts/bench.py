@@ -2,12 +2,12 @@
 Benchmark the training step of SA and XSA in one process: train.py's own TrainStep (forward, backward,
 clipping, the guards' check, the optimizer update), imported, not copied.
 
-    python bench.py config/sa_tiny.py
-    python bench.py config/sa_0p7b.py --n_layer=4 --batch_size=8      # a quick check on one GPU
-    python bench.py --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --batch_size=4 --compile=False
+    python -m scripts.bench config/sa_tiny.py
+    python -m scripts.bench config/sa_0p7b.py --n_layer=4 --batch_size=8      # a quick check on one GPU
+    python -m scripts.bench --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 --batch_size=4 --compile=False
 
-    python bench.py config/sa_tiny.py --bench_variants=sa,xsa,xsa:xsa_gate=True
-    python bench.py config/sa_0p7b.py --block_size=8192 --batch_size=1 --attn_mask=document
+    python -m scripts.bench config/sa_tiny.py --bench_variants=sa,xsa,xsa:xsa_gate=True
+    python -m scripts.bench config/sa_0p7b.py --block_size=8192 --batch_size=1 --attn_mask=document
 
 With --attn_mask=document the tokens hold documents of FineWeb-like lengths (log-normal, median
 --bench_doc_median tokens), and every variant also runs with the causal mask on the same tokens: the
@@ -21,27 +21,32 @@ FLOPs per token x tokens/s / device peak), peak memory (CUDA: the variant's own 
 state and activations, measured during its warm-up), and the ratios to the first variant.
 """
 
+import sys
+
+if not __package__:  # run as a file, where the repo's imports fail: say how to run it
+    print("run it from the repo root as a module: python -m scripts.bench", file=sys.stderr)
+    sys.exit(2)
+
 import functools
 import json
 import statistics
-import sys
 from dataclasses import dataclass
 
 import torch
 
-import exits
-import train_config
 from configurator import ConfigError, config_class, key, non_negative, positive
-from metrics import ThroughputMeter
 from model import exclude_self
-from parallelize import compile_counts
-from runtime import DeviceError, Runtime, enable_tf32, peak_flops, pick_device, resolve_dtype
-from train import Guards, TrainStep, build_model
+from pretrain import exits, train_config
+from pretrain.guards import Guards
+from pretrain.metrics import ThroughputMeter
+from pretrain.parallelize import compile_counts
+from pretrain.runtime import DeviceError, Runtime, enable_tf32, peak_flops, pick_device, resolve_dtype
+from train import TrainStep, build_model
 
 
 @dataclass
 class Bench:
-    """bench.py's own keys, beside every key of train.py."""
+    """scripts/bench.py's own keys, beside every key of train.py."""
     bench_rounds: int = key(10, "alternating timing rounds per variant", check=positive)
     bench_steps: int = key(3, "training steps per round", check=positive)
     bench_warmup: int = key(3, "untimed steps per variant before the first round (compilation happens here)",
@@ -59,7 +64,7 @@ BenchConfig = config_class("BenchConfig", *train_config.SECTIONS, Bench, base=tr
 
 
 def resolve(argv):
-    return train_config.resolve(argv, config_class=BenchConfig, prog="bench.py")[0]
+    return train_config.resolve(argv, config_class=BenchConfig, prog="python -m scripts.bench")[0]
 
 
 def parse_variants(c, argv):
@@ -171,8 +176,7 @@ def main():
         variants = parse_variants(c, argv)
         device = pick_device(c.device)
     except (ConfigError, DeviceError) as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(exits.CONFIG_ERROR)
+        exits.fail(f"config error: {e}", exits.CONFIG_ERROR)
     device_type = device.split(":")[0]
     runtime = Runtime(0, 0, 1, device, device_type, distributed=False)
     dtype = resolve_dtype(c.dtype, device_type)

@@ -1,28 +1,39 @@
 """
-A run's checkpoints over its life: writing the whole training state at a step, keeping the newest
-few and the best, cleaning up after a killed writer, and resuming from the newest one that loads,
-refusing one of another architecture. The format of one checkpoint is checkpoint.py's.
+A run's directory and its checkpoints over its life: the one-writer lock on out_dir, the run's record
+(config.json, git.diff), writing the whole training state at a step, keeping the newest few and the best,
+cleaning up after a killed writer, and resuming from the newest one that loads, refusing one of another
+architecture; and a model loaded from a checkpoint in one process, for evaluation and the export. The
+format of one checkpoint is checkpoint_format.py's.
 """
 
 import glob
+import json
 import math
 import os
 import shutil
+import sys
 import time
 import uuid
 import warnings
+import zipfile
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from checkpoint import (checkpoint_path, checkpoint_step, load_checkpoint_file, load_training_state, rng_state,
-                        save_checkpoint, save_sharded_checkpoint, set_rng_state, CHECKPOINT_PATTERN)
 from configurator import ConfigError
-from files import fsync_dir, remove_temp_files
-from parallelize import local_shard
-from train_config import ARCHITECTURE_KEYS, MODEL_DEFAULTS
+from model import GPT
+from pretrain.checkpoint_format import (CHECKPOINT_PATTERN, checkpoint_path, checkpoint_step, dcp_errors,
+                                        is_sharded_checkpoint, load_checkpoint_file, load_training_state, rng_state,
+                                        save_checkpoint, save_sharded_checkpoint, set_rng_state,
+                                        single_process_quietly)
+from pretrain import exits
+from pretrain.files import DirectoryLock, DirectoryLocked, fsync_dir, remove_temp_files, write_atomically
+from pretrain.parallelize import local_shard
+from pretrain.runtime import git_diff
+from pretrain.train_config import ARCHITECTURE_KEYS, MODEL_DEFAULTS, model_config
 
 RUN_FILES = ("metrics.jsonl", "train.log", "config.json", "git.diff")  # a run's logs, beside its checkpoints
 
@@ -53,6 +64,38 @@ def prune_checkpoints(out_dir, keep, known_good, protected=None):
     for path in list_checkpoints(out_dir):
         if checkpoint_step(path) < oldest_kept and path != protected:
             remove_checkpoint(path)
+
+
+def lock_run_dir(out_dir, runtime):
+    """One run per out_dir: rank 0 takes out_dir's lock (creating out_dir), and every rank stops alike
+    (exits.TrainingStopped) if another live process holds it, or if out_dir cannot be written (read-only,
+    under a file). Returns the lock (None on the other ranks)."""
+    lock, error = None, None
+    if runtime.is_main:
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            lock = DirectoryLock(out_dir, ".train.lock").acquire()
+        except DirectoryLocked as e:
+            error = f"{e}; two runs in one out_dir would interleave their checkpoints and logs"
+        except OSError as e:
+            error = f"cannot write in out_dir {out_dir} ({exits.one_line(e)}); give a writable out_dir"
+    if runtime.distributed:
+        shared = [error]
+        dist.broadcast_object_list(shared, src=0)
+        error = shared[0]
+    if error:
+        raise exits.TrainingStopped(error)
+    return lock
+
+
+def record_run(out_dir, config, run_provenance):
+    """config.json (the resolved config, a dict, and the provenance), and git.diff for uncommitted code, in
+    out_dir; by the main process."""
+    info = json.dumps({"config": config, "provenance": run_provenance}, indent=2)
+    write_atomically(os.path.join(out_dir, "config.json"), lambda f: f.write(info.encode()))
+    if run_provenance["git_dirty"]:  # the commit alone would not reproduce this run
+        diff = git_diff() or ""
+        write_atomically(os.path.join(out_dir, "git.diff"), lambda f: f.write(diff.encode()))
 
 
 def clean_run_dir(out_dir):
@@ -127,7 +170,7 @@ class RunState:
     elapsed_s: float = 0.0  # training time, summed over the processes that continued the run
     best_val_loss: float = math.inf  # the lowest validation loss of any evaluation
     best_checkpoint: dict | None = None  # {"path": file name, "val_loss"} of the best checkpoint: never pruned
-    guards: dict | None = None  # the guards' state (train.Guards.state_dict), so a resumed run judges alike
+    guards: dict | None = None  # the guards' state (guards.Guards.state_dict), so a resumed run judges alike
 
     @classmethod
     def from_checkpoint(cls, state):
@@ -266,3 +309,72 @@ class Checkpointer:
         state.pop("model", None)
         state.pop("optimizer", None)
         return path, run_state, state
+
+
+# -----------------------------------------------------------------------------
+# A model from a checkpoint, in one process: evaluation (eval/) and the export (scripts/export_hf.py)
+
+
+def load_model(path, device="cpu"):
+    """A GPT in eval mode from a checkpoint (a file or a sharded directory), or from the newest
+    checkpoint in a run directory, in this process alone. Returns (model, resolved run config)."""
+    if os.path.isdir(path) and not is_sharded_checkpoint(path):  # a run directory
+        found, state = load_latest_checkpoint(path, map_location=device)
+        if found is None:
+            raise FileNotFoundError(f"no checkpoint in {path}")
+        path = found
+    else:
+        state = load_checkpoint_file(path, map_location=device)
+    model = GPT(model_config(state["config"]))
+    if os.path.isdir(path):
+        model_state = model.state_dict()
+        with single_process_quietly(), dcp_errors(path):
+            dcp.load({"model": model_state}, checkpoint_id=path, no_dist=True)  # reads the model only
+        model.load_state_dict(model_state)
+    else:
+        model.load_state_dict(state["model"])
+    return model.to(device).eval(), state["config"]
+
+
+def cannot_load(path, reason):
+    exits.fail(f"cannot load checkpoint {path}: {reason}")
+
+
+def check_checkpoint_path(path):
+    """Exit (status 3), naming path, if it neither exists nor holds a checkpoint: the cheap checks, before
+    any loading."""
+    if not os.path.exists(path):
+        cannot_load(path, "no such file or directory")
+    if os.path.isdir(path) and not (is_sharded_checkpoint(path) or list_checkpoints(path)):
+        cannot_load(path, "no checkpoint (ckpt_<step>.pt or ckpt_<step>/) in this directory")
+
+
+def load_model_or_exit(path, device):
+    """load_model(path, device): (model, resolved training config). If the checkpoint cannot
+    be loaded, exit with one line naming it and why (status 3). The newer checkpoints of a run directory
+    that load_model skips as unreadable are named in one warning line each."""
+    check_checkpoint_path(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            loaded, error = load_model(path, device), None
+        except (Exception, CheckpointException) as e:  # CheckpointException derives from BaseException only
+            loaded, error = None, e  # truncated zip, bad pickle, failed checksum, missing shard, ...
+    skipped = []
+    for w in caught:
+        if os.path.abspath(w.filename) == os.path.abspath(__file__):  # load_latest_checkpoint's
+            skipped.append(exits.one_line(str(w.message), sentence=True))
+        else:  # not ours to reword
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    if error is None:
+        for note in skipped:
+            print(f"warning: {note}", file=sys.stderr)
+        return loaded
+    if os.path.isfile(path) and not zipfile.is_zipfile(path):  # torch's own message would be about mmap
+        cannot_load(path, "truncated, or not a checkpoint (not a complete torch zip archive)")
+    if skipped and os.path.isdir(path) and not is_sharded_checkpoint(path):  # skipped every one
+        cannot_load(path, "none of its checkpoints loads: " + "; ".join(skipped))
+    if isinstance(error, CheckpointException) and error.failures:  # its message: a list of ranks, then tracebacks
+        error = next(iter(error.failures.values()))[0]
+    reason = exits.one_line(str(error), sentence=True).removeprefix(f"{path}: ")
+    cannot_load(path, f"{type(error).__name__}: {reason}" if reason else type(error).__name__)

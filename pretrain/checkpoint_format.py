@@ -33,7 +33,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from files import fsync_dir, write_atomically
+from pretrain.files import fsync_dir, write_atomically
 
 CHECKPOINT_PATTERN = re.compile(r"ckpt_(\d+)(\.pt)?")
 RUN_STATE = "run_state.pt"  # in a sharded checkpoint: everything but the model and optimizer

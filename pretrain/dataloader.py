@@ -14,7 +14,7 @@ training starts, and each train shard the first time it is opened.
 import numpy as np
 import torch
 
-from shards import ShardError, check_token_ids, list_shards, read_header, read_shard
+from pretrain.shards import ShardError, check_token_ids, list_shards, read_header, read_shard
 
 
 class TrainLoader:

@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-from train_config import ACTIVATION_CHECKPOINTING, PARALLELISMS
+from pretrain.train_config import ACTIVATION_CHECKPOINTING, PARALLELISMS
 
 
 def local_shard(t):

@@ -1,7 +1,7 @@
 """
 Where a process runs: device and precision, the torchrun process group, the hardware's
 peak FLOP/s for MFU, peak memory, and the provenance every run records.
-Shared by train.py, bench.py and eval/.
+Shared by train.py, scripts/bench.py and eval/.
 """
 
 import contextlib
@@ -17,9 +17,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-import exits
+from pretrain import exits
 
-REPO = os.path.dirname(os.path.abspath(__file__))
+# the checkout's top folder (this package's parent), computed here once: git provenance, and the entry points
+# that read the repo's own files
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # dense bf16 tensor-core peak FLOP/s per device (vendor datasheets, no sparsity)
 PEAK_BF16_FLOPS = {
@@ -84,7 +86,7 @@ def pick_device(device="auto", local_rank=None):
         raise DeviceError(f"device={device!r}, but MPS is not available here; use --device=auto or --device=cpu")
     if device_type not in ("cpu", "mps"):
         raise DeviceError(f"unknown device {device!r}: expected auto, cpu, mps, cuda or cuda:<index>")
-    if device_type == "cpu":  # train.py, bench.py and eval/ all pick their device here
+    if device_type == "cpu":  # train.py, scripts/bench.py and eval/ all pick their device here
         reuse_freed_memory()
     return device
 

@@ -7,8 +7,8 @@ and overrides set any key by its name (configurator.py):
 
     python train.py config/xsa_0p7b.py --learning_rate=3e-4
 
-The resolved config is a TrainConfig, read by attribute: `c.learning_rate`. train.py, bench.py,
-checkpoint.py, eval/compare.py, scripts/memory_plan.py and the sweep scripts all take the keys from
+The resolved config is a TrainConfig, read by attribute: `c.learning_rate`. train.py, scripts/bench.py,
+checkpointer.py, eval/compare.py, scripts/memory_plan.py and the sweep scripts all take the keys from
 here. docs/extending.md lists what adding a key or an attention variant touches.
 """
 
@@ -19,7 +19,7 @@ from typing import Literal
 import configurator
 from configurator import ConfigError, Config, config_class, fraction, key, non_negative, positive
 from model import GPTConfig
-from runtime import DTYPES
+from pretrain.runtime import DTYPES
 
 # the choices of a few keys, which optimizers.py and parallelize.py also check
 OPTIMIZERS = ("adamw", "muon")
@@ -52,7 +52,7 @@ def a_directory(name, value):
 
 
 @dataclass
-class Run:
+class RunKeys:
     """Where a run lives and what it writes there."""
     out_dir: str | None = key(None, "run directory (checkpoints, logs); None derives out/<config file name>",
                               check=a_directory, derive=lambda c, name: os.path.join("out", name))
@@ -70,7 +70,7 @@ class Run:
 
 
 @dataclass
-class Data:
+class DataKeys:
     """What a run trains and is evaluated on."""
     data_dir: str = key("data/fineweb/fineweb100B", "directory of llm.c token shards (*_train_*.bin, *_val_*.bin)")
     val_tokens: int = key(10_485_760, "validation tokens per evaluation, capped at the val shards, split across ranks",
@@ -78,7 +78,7 @@ class Data:
 
 
 @dataclass
-class Wandb:
+class WandbKeys:
     """Weights & Biases logging."""
     wandb_log: bool = key(False, "send metrics and the config to Weights & Biases")
     wandb_project: str = key("xsa", "wandb project")
@@ -89,7 +89,7 @@ class Wandb:
 
 
 @dataclass
-class Step:
+class StepKeys:
     """One optimizer step: its tokens and its precision."""
     total_batch_size: int = key(524_288, "tokens per optimizer step over all processes (paper: 256 x 2048)",
                                 check=positive)
@@ -101,7 +101,7 @@ class Step:
 
 
 @dataclass
-class Optimizer:
+class OptimizerKeys:
     """AdamW (or Muon for the blocks' matrices, optimizers.py), linear warmup, cosine decay to min_lr."""
     optimizer: Literal[OPTIMIZERS] = key("adamw", '"adamw" (the paper\'s), or "muon": Muon for the blocks\' '
                                                   'matrices, AdamW for the rest')
@@ -130,8 +130,8 @@ class Optimizer:
 
 
 @dataclass
-class Guards:
-    """When a run stops itself rather than train on (docs/training.md, Guards)."""
+class GuardKeys:
+    """When a run stops itself rather than train on (docs/training.md, GuardKeys)."""
     skip_nonfinite_steps: int = key(0, "optimizer steps with a non-finite loss or gradient norm to skip before "
                                        "stopping", check=non_negative)
     loss_spike_factor: float = key(1.5, "a train loss above this multiple of the run's floor (the lowest its moving "
@@ -143,7 +143,7 @@ class Guards:
 
 
 @dataclass
-class System:
+class SystemKeys:
     """Where and how the steps run; none of it changes what is trained."""
     device: str = key("auto", '"auto" (cuda > mps > cpu), or e.g. "cpu", "cuda", "cuda:1"')
     compile: bool = key(True, "torch.compile the model")
@@ -158,7 +158,7 @@ class System:
 
 
 @dataclass
-class Seeds:
+class SeedKeys:
     """Two runs with the same seeds start from the same weights and see the same batches."""
     seed: int = key(1337, "initialisation and dropout seed", check=non_negative)
     data_seed: int | None = key(None, "shard order seed; None means seed (SA and XSA with one seed see the same "
@@ -166,13 +166,13 @@ class Seeds:
 
 
 # the keys, in the order --help lists them and config.json records them
-SECTIONS = (Run, Data, Wandb, GPTConfig, Step, Optimizer, Guards, System, Seeds)
+SECTIONS = (RunKeys, DataKeys, WandbKeys, GPTConfig, StepKeys, OptimizerKeys, GuardKeys, SystemKeys, SeedKeys)
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig))
 MODEL_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}
 
 
 class RunConfig(Config):
-    """A config that builds a model: TrainConfig, and the configs of bench.py and memory_plan.py,
+    """A config that builds a model: TrainConfig, and the configs of scripts/bench.py and memory_plan.py,
     which add their own keys to train.py's."""
 
     def model_config(self):
@@ -183,7 +183,7 @@ TrainConfig = config_class("TrainConfig", *SECTIONS, base=RunConfig)
 TRAIN_KEYS = TrainConfig.keys
 
 # -----------------------------------------------------------------------------
-# key groups (checkpoint.py, eval/compare.py)
+# key groups (checkpointer.py, eval/compare.py)
 
 # what the parameters are and compute, every model key but two a trained model may continue with other
 # values of (a longer context: RoPE has no learned positions; dropout): a checkpoint resumes only into a
@@ -193,9 +193,9 @@ ARCHITECTURE_KEYS = tuple(k for k in MODEL_KEYS if k not in ("block_size", "drop
 # whose field says how run names spell them
 VARIANT_KEYS = tuple(f.name for f in fields(GPTConfig) if f.metadata.get("variant"))
 # runs of two variants with the same values here form a pair: same initialisation, same batches
-PAIRING_KEYS = tuple(f.name for f in fields(Seeds))
+PAIRING_KEYS = tuple(f.name for f in fields(SeedKeys))
 # where and how a run is named, logged, launched, guarded or parallelised: never what it trains
-BOOKKEEPING_KEYS = tuple(f.name for section in (Run, Wandb, Guards, System) for f in fields(section))
+BOOKKEEPING_KEYS = tuple(f.name for section in (RunKeys, WandbKeys, GuardKeys, SystemKeys) for f in fields(section))
 
 
 def variant_name(config):

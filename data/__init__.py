@@ -1,0 +1,1 @@
+"""Token data: data/fineweb/ makes and fetches llm.c token shards."""

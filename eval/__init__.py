@@ -1,0 +1,1 @@
+"""Evaluation entry points, each run from the repo root as `python -m eval.<name>`."""

@@ -1,0 +1,1 @@
+"""The machinery behind train.py, eval/ and scripts/, one module a job."""

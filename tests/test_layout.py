@@ -1,0 +1,179 @@
+"""The house's layout as docs/design.md states it ("Rooms and doors"), checked from the code: which module may
+import which (parsed with ast), no file that edits the import path, the root's Python files, and every folder
+entry point run as a file (a one-line hint and exit 2) and as a documented `python -m` command (its --help)."""
+
+import ast
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, run_script
+
+# the entry points that run from the repo root as modules: their folders are packages
+ENTRY_FOLDERS = ("eval", "scripts", "data/fineweb")
+ROOT_MODULES = ("train", "model", "configurator")  # and nothing else at the root
+STDLIB = sys.stdlib_module_names
+
+
+def repo_files(pattern):
+    return sorted(glob.glob(os.path.join(REPO, pattern), recursive=True))
+
+
+def relative(path):
+    return os.path.relpath(path, REPO)
+
+
+def imported_modules(path):
+    """Every module a Python file imports, anywhere in it (functions included), as dotted names; a relative
+    import is resolved against the file's package."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    package = os.path.dirname(relative(path)).replace(os.sep, ".")
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)  # `from eval import common`
+    return names
+
+
+def repo_top_level_names():
+    """The names under which the repo's own modules import: the root's modules and its folders."""
+    names = {os.path.basename(p)[:-3] for p in repo_files("*.py")}
+    names.update(os.path.basename(p.rstrip("/")) for p in repo_files("*/")
+                 if os.path.exists(os.path.join(p, "__init__.py")))
+    return names
+
+
+def entry_points():
+    """The Python files in eval/, scripts/ and data/fineweb/ that run as programs, as module names."""
+    found = []
+    for folder in ENTRY_FOLDERS:
+        for path in repo_files(f"{folder}/*.py"):
+            with open(path) as f:
+                if 'if __name__ == "__main__":' in f.read():
+                    found.append(relative(path)[:-3].replace(os.sep, "."))
+    return found
+
+
+def test_model_and_configurator_import_nothing_of_the_repo_and_model_only_torch():
+    """model.py is shipped as it is in every Hugging Face export: torch and the standard library only."""
+    repo = repo_top_level_names()
+    for name in ("model.py", "configurator.py"):
+        imported = {m.split(".")[0] for m in imported_modules(os.path.join(REPO, name))}
+        assert not imported & repo, f"{name} imports the repo's {sorted(imported & repo)}"
+    model_imports = {m.split(".")[0] for m in imported_modules(os.path.join(REPO, "model.py"))}
+    assert model_imports - set(STDLIB) == {"torch"}
+
+
+def test_the_package_never_imports_an_entry_point():
+    """pretrain/ is imported by train.py, eval/, scripts/ and data/fineweb/, never the other way round; its
+    modeling_xsa.py, shipped in exports, imports the export's own model.py (`.model`), transformers and torch."""
+    entry = {"train", "bench", "eval", "scripts", "data"}  # train.py, and the folders of the other entry points
+    modules = repo_files("pretrain/*.py")
+    names = {os.path.basename(p) for p in modules}
+    assert names >= {"__init__.py", "checkpoint_format.py", "checkpointer.py", "exits.py", "guards.py",
+                     "train_config.py"}
+    for path in modules:
+        imported = imported_modules(path)
+        wrong = sorted(m for m in imported if m.split(".")[0] in entry)
+        assert not wrong, f"{relative(path)} imports the entry point(s) {wrong}"
+    shipped = {m.split(".")[0] for m in imported_modules(os.path.join(REPO, "pretrain", "modeling_xsa.py"))}
+    assert shipped - set(STDLIB) == {"pretrain", "transformers", "torch"}  # pretrain: its `.model`, resolved here
+    assert "pretrain.model" in imported_modules(os.path.join(REPO, "pretrain", "modeling_xsa.py"))
+
+
+def edits_sys_path(node):
+    """Whether an ast node changes sys.path: sys.path.insert/append/extend(...), or an assignment to sys.path."""
+    def is_sys_path(n):
+        return isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name) \
+            and n.value.id == "sys"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr in ("insert", "append", "extend") and is_sys_path(node.func.value)
+    if isinstance(node, (ast.Assign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(is_sys_path(target) for target in targets)
+    return False
+
+
+def test_no_file_edits_the_import_path():
+    """Entry points run as modules from the repo root (`python -m eval.compare`): no sys.path edits, in the code,
+    the tests or the shell scripts' inline Python."""
+    for path in repo_files("**/*.py"):
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        assert not any(edits_sys_path(node) for node in ast.walk(tree)), f"{relative(path)} edits sys.path"
+    edit = re.compile(r"\bsys\.path\.(insert|append|extend)\(|\bsys\.path\s*[+]?=")
+    for path in repo_files("**/*.sh") + repo_files(".ci/*"):
+        with open(path) as f:
+            assert not edit.search(f.read()), f"{relative(path)} edits sys.path"
+
+
+def test_the_root_holds_the_few_python_files_a_researcher_edits():
+    assert sorted(os.path.basename(p) for p in repo_files("*.py")) == sorted(f"{m}.py" for m in ROOT_MODULES)
+    for folder in ("pretrain", "eval", "scripts", "data", "data/fineweb"):
+        assert os.path.isfile(os.path.join(REPO, folder, "__init__.py")), f"{folder}/ is not a package"
+
+
+def test_the_folder_packages_are_the_repos_own():
+    """Regular packages: an installed package named data, eval or scripts never shadows them."""
+    code = "import data, eval, pretrain, scripts; print(*(m.__file__ for m in (data, eval, pretrain, scripts)))"
+    result = run_script([sys.executable, "-c", code])
+    assert result.returncode == 0, result.stderr
+    assert all(path.startswith(os.path.join(REPO, "")) for path in result.stdout.split()), result.stdout
+
+
+@pytest.mark.parametrize("module", entry_points())
+def test_an_entry_point_run_as_a_file_says_to_run_it_as_a_module(module):
+    """`python eval/compare.py`: one line with the -m form, exit 2, before any import of the repo."""
+    result = run_script([sys.executable, module.replace(".", "/") + ".py", "--help"])
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    assert f"python -m {module}" in result.stderr
+
+
+def test_every_entry_point_is_found():
+    assert {"eval.compare", "eval.downstream", "eval.similarity", "eval.position_loss", "eval.sample",
+            "scripts.export_hf", "scripts.memory_plan", "scripts.bench", "data.fineweb.prepare",
+            "data.fineweb.download", "data.fineweb.bench_tokenize"} <= set(entry_points())
+
+
+def documented_modules():
+    """Every `python -m <module>` of the repo's entry points that the README, docs/, the docstrings and the shell
+    scripts give."""
+    pattern = re.compile(r"python3? -m ((?:eval|scripts|data\.fineweb)\.[a-z_]+)")
+    found = set()
+    for path in repo_files("*.md") + repo_files("docs/*.md") + repo_files("**/*.py") + repo_files("**/*.sh"):
+        if relative(path).startswith("tests"):
+            continue
+        with open(path) as f:
+            text = f.read()
+        if path.endswith(".py"):  # its docstrings, not the hint its guard prints
+            kinds = (ast.Module, ast.FunctionDef, ast.ClassDef)
+            documented = (node for node in ast.walk(ast.parse(text)) if isinstance(node, kinds))
+            text = "\n".join(ast.get_docstring(node) or "" for node in documented)
+        found.update(pattern.findall(text))
+    return sorted(found)
+
+
+@pytest.mark.slow
+def test_every_documented_python_m_command_runs_from_the_repo_root():
+    """Each documented module runs as written, from the repo root: its --help exits 0 (side by side)."""
+    modules = documented_modules()
+    assert set(modules) == set(entry_points())  # every entry point is documented, and nothing else
+    procs = {module: subprocess.Popen([sys.executable, "-m", module, "--help"], cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for module in modules}
+    for module, proc in procs.items():
+        out, err = proc.communicate()
+        assert proc.returncode == 0, f"python -m {module} --help: {err[-2000:]}"
+        assert "usage" in out.lower(), out
