@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from conftest import REPO, TRAINED_RUN, TRAINED_STEPS, micro_args, run_script, run_train
-from helpers import unigram_cross_entropy
 from pretrain.metrics import read_metrics
 from pretrain.shards import list_shards, read_shard
 
@@ -27,7 +26,12 @@ def expected_lr(step, peak, warmup, decay_iters, min_lr):
     return min_lr + (peak - min_lr) * 0.5 * (1 + math.cos(math.pi * min(ratio, 1.0)))
 
 
-def test_training_beats_unigram_and_logs_every_step(data_dir, trained_runs):
+def test_training_lowers_the_val_loss_and_logs_every_step(trained_runs):
+    # Margin of the learning asserted here, (val at step 50 - val at step 100) / (initial ln 50304 - val at 50),
+    # measured in float32 on 2 AMD EPYC cores: +12.7% with 1 thread (as the tests run it, under -n 0 and
+    # pytest-xdist alike), +13.7% with 2 (7.012 -> 6.527 and 7.019 -> 6.496). Learning past the unigram loss
+    # is test_document_runs.py's (+11.6% / +11.9%): here it would be +5.4% / +6.1% at 100 steps and
+    # +14.0% / +7.3% at 200, below the noise of the kernels, because this val split is mostly another play.
     out = Path(trained_runs["sa"])
     steps, peak = TRAINED_STEPS["sa"], TRAINED_RUN["learning_rate"]
     records = read_metrics(out / "metrics.jsonl")
@@ -46,7 +50,6 @@ def test_training_beats_unigram_and_logs_every_step(data_dir, trained_runs):
         assert [r[key] for r in records] == sorted(r[key] for r in records)
     val_losses = [r["val_loss"] for r in records if "val_loss" in r]
     assert val_losses == sorted(val_losses, reverse=True) and val_losses[0] < math.log(50257)
-    assert val_losses[-1] < unigram_cross_entropy(data_dir, TRAINED_RUN["val_tokens"])
     saved = json.loads((out / "config.json").read_text())
     assert saved["config"]["max_iters"] == steps and saved["config"]["min_lr"] == pytest.approx(peak / 10)
     assert {"git_commit", "torch", "python", "devices"} <= set(saved["provenance"])
