@@ -28,6 +28,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from configurator import ConfigError
+from eval.downstream import InLoopDownstream
+from eval.similarity import in_loop_record as similarity_record
 from model import GPT
 from pretrain import exits, train_config
 from pretrain.checkpointer import (Checkpointer, NonFiniteState, RunState, clean_run_dir, list_checkpoints,
@@ -55,13 +57,33 @@ def lr_at(step, c):
     return c.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (c.learning_rate - c.min_lr)
 
 
+def token_bytes(vocab_size, log):
+    """The UTF-8 bytes of each token id's text under GPT-2's encoding (the shards' tokenizer), (vocab_size,)
+    int16: 0 for the end-of-text token and the padded ids past the vocabulary, which are no text, so that bits
+    per byte count neither their loss nor their bytes. None, with a line in the log, where the encoding
+    cannot be loaded (offline without tiktoken's cache): the run then logs no val_bpb."""
+    try:
+        import tiktoken
+        enc = tiktoken.get_encoding("gpt2")
+    except Exception as e:
+        log.print(f"val_bpb is not logged: GPT-2's encoding could not be loaded ({exits.one_line(e)})")
+        return None
+    counts = torch.zeros(vocab_size, dtype=torch.int16)
+    for token in range(min(vocab_size, enc.n_vocab)):
+        if token != enc.eot_token:
+            counts[token] = len(enc.decode_single_token_bytes(token))
+    return counts
+
+
 @torch.no_grad()
-def evaluate(model, val_x, val_y, runtime, batch_size, dtype):
-    """Mean loss over the fixed validation tokens; rank r scores sequences r, r+W, r+2W, ...
-    Every rank runs the same number of forwards (FSDP's forward is collective)."""
+def evaluate(model, val_x, val_y, runtime, batch_size, dtype, val_bytes=None):
+    """(mean loss, bits per byte) over the fixed validation tokens; rank r scores sequences r, r+W, r+2W, ...
+    Every rank runs the same number of forwards (FSDP's forward is collective). val_bytes: the UTF-8 bytes of
+    each target token (val_y's shape; 0: not text), or None: no bits per byte (None)."""
     model.eval()
     mine = torch.arange(runtime.rank, len(val_x), runtime.world_size)
-    totals = torch.zeros(2, dtype=torch.float64, device=runtime.device)  # loss sum, token count
+    # loss sum, token count; for bits per byte, the loss sum over the text tokens and their bytes
+    totals = torch.zeros(4, dtype=torch.float64, device=runtime.device)
     per_rank = math.ceil(len(val_x) / runtime.world_size)
     for i in range(0, per_rank, batch_size):
         rows = mine[i:i + batch_size]
@@ -71,12 +93,18 @@ def evaluate(model, val_x, val_y, runtime, batch_size, dtype):
         with autocast(runtime.device_type, dtype):
             logits, _ = model(x)
         if scored:
-            totals[0] += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").double()
+            losses = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").double()
+            totals[0] += losses.sum()
             totals[1] += y.numel()
+            if val_bytes is not None:
+                n_bytes = val_bytes[rows].to(runtime.device).flatten()
+                totals[2] += losses[n_bytes > 0].sum()
+                totals[3] += n_bytes.sum()
     if runtime.distributed:
         dist.all_reduce(totals)
     model.train()
-    return (totals[0] / totals[1]).item()
+    loss_sum, n_tokens, text_loss_sum, n_bytes = totals.tolist()
+    return loss_sum / n_tokens, (text_loss_sum / math.log(2) / n_bytes if val_bytes is not None else None)
 
 
 @torch.no_grad()
@@ -146,6 +174,8 @@ class Training:
     loader: TrainLoader
     val_x: torch.Tensor
     val_y: torch.Tensor
+    val_bytes: torch.Tensor | None  # the UTF-8 bytes of each token of val_y, for bits per byte (token_bytes)
+    downstream: InLoopDownstream | None  # the downstream tasks, where downstream_interval > 0
     checkpointer: Checkpointer
     guards: Guards
     train_step: TrainStep
@@ -178,12 +208,18 @@ def setup(c, runtime, log, stop_signals, run_provenance):
     loader = TrainLoader(c.data_dir, c.block_size, c.total_batch_size, runtime.rank, runtime.world_size,
                          c.data_seed, c.vocab_size)
     val_x, val_y = val_sequences(c.data_dir, c.block_size, c.val_tokens, c.vocab_size)
+    byte_counts = token_bytes(c.vocab_size, log)
+    val_bytes = None if byte_counts is None else byte_counts[val_y]
+    # before the model: a task that is unknown, or whose data cannot be read, stops the run before it starts
+    downstream = (InLoopDownstream(c.downstream_tasks, c.downstream_limit, c.downstream_include_path, runtime)
+                  if c.downstream_interval else None)
     raw_model, model, train_model, optimizer = build_model(c, runtime, dtype)
     checkpointer = Checkpointer(c.out_dir, c.keep_checkpoints, raw_model, optimizer, loader, runtime,
                                 sharded=is_sharded(raw_model), config=c.to_dict(), provenance=run_provenance)
     guards = Guards(c, runtime, stop_signals, log)
     step = TrainStep(train_model, raw_model, optimizer, guards, runtime, dtype, c.batch_size, grad_accum, c.grad_clip)
-    return Training(raw_model, model, optimizer, loader, val_x, val_y, checkpointer, guards, step, dtype, grad_accum)
+    return Training(raw_model, model, optimizer, loader, val_x, val_y, val_bytes, downstream, checkpointer, guards,
+                    step, dtype, grad_accum)
 
 
 def resume(c, run, runtime, log):
@@ -226,6 +262,8 @@ def resume(c, run, runtime, log):
 class StepPlan:
     """What a step does besides training, decided from the config and the step alone (and a stop)."""
     evaluate: bool
+    similarity: bool  # the similarity bias on the fixed val batch
+    downstream: bool  # the downstream tasks
     log: bool
     sample: bool
     checkpoint: bool
@@ -236,8 +274,10 @@ class StepPlan:
         last = step == c.max_iters
         stop = stop_requested and not last
         evaluate = step % c.eval_interval == 0 or last
-        return cls(evaluate=evaluate,
-                   log=step % c.log_interval == 0 or evaluate or last or stop,
+        similarity = c.similarity_interval > 0 and (step % c.similarity_interval == 0 or last)
+        downstream = c.downstream_interval > 0 and (step % c.downstream_interval == 0 or last)
+        return cls(evaluate=evaluate, similarity=similarity, downstream=downstream,
+                   log=step % c.log_interval == 0 or evaluate or similarity or downstream or last or stop,
                    sample=c.sample_interval > 0 and (step % c.sample_interval == 0 or last),
                    checkpoint=(c.checkpoint_interval > 0 and step % c.checkpoint_interval == 0) or last or stop,
                    stop=stop)
@@ -279,21 +319,52 @@ class Pace:
             self.meter.start()
 
 
-def log_step(log, c, step, lr, result, pace, val_loss):
-    """One record in metrics.jsonl (and wandb) and one line in the log."""
+def measure(c, run, runtime, plan):
+    """This step's evaluations, as plan says: val_loss and val_bpb, the similarity bias (similarity/...) and
+    the downstream accuracies (downstream/...), with the seconds each took (for the log only)."""
+    measured, seconds = {}, {}
+    if plan.evaluate:
+        started = time.perf_counter()
+        measured["val_loss"], measured["val_bpb"] = evaluate(run.model, run.val_x, run.val_y, runtime, c.batch_size,
+                                                             run.dtype, run.val_bytes)
+        seconds["val"] = time.perf_counter() - started
+    if plan.similarity:  # on the eager model: its hooks read each block's attention input
+        started = time.perf_counter()
+        measured.update(similarity_record(run.raw_model, run.val_x[:c.batch_size], runtime, run.dtype))
+        seconds["similarity"] = time.perf_counter() - started
+    if plan.downstream:
+        started = time.perf_counter()
+        measured.update(run.downstream(run.raw_model, runtime, run.dtype, c.batch_size))
+        seconds["downstream"] = time.perf_counter() - started
+    return measured, seconds
+
+
+def log_step(log, c, step, lr, result, pace, measured, seconds):
+    """One record in metrics.jsonl (and wandb) and a line in the log, with one more for the similarity bias
+    and one for the downstream tasks where this step measured them."""
     tokens_per_sec, mfu = pace.meter.read()
     record = {"step": step, "train_loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
               "tokens_per_sec": tokens_per_sec, "mfu": mfu, "peak_mem_gb": peak_memory_gb(pace.meter.device_type),
               "tokens": step * c.total_batch_size, "elapsed_s": pace.elapsed(), "time": time.time()}
-    if val_loss is not None:
-        record["val_loss"] = val_loss
+    record.update((k, v) for k, v in measured.items() if v is not None)
+    val_loss, val_bpb = measured.get("val_loss"), measured.get("val_bpb")
     log.log(record)
     log.print(f"step {step}/{c.max_iters} | loss {result.loss:.4f} | lr {lr:.3e} | grad norm {result.grad_norm:.3f} | "
               f"{'n/a' if tokens_per_sec is None else f'{tokens_per_sec:,.0f}'} tok/s | "
               f"mfu {'n/a' if mfu is None else f'{100 * mfu:.1f}%'} | peak mem {record['peak_mem_gb']:.2f} GB | "
               f"tokens {format_count(record['tokens'])} | elapsed {format_duration(record['elapsed_s'])} | "
               f"eta {format_duration(pace.eta(step, c.max_iters))}"
-              + (f" | val loss {val_loss:.4f}" if val_loss is not None else ""))
+              + (f" | val loss {val_loss:.4f}" if val_loss is not None else "")
+              + (f" | val bpb {val_bpb:.4f}" if val_bpb is not None else ""))
+    if "similarity" in seconds:
+        layers = " ".join(f"{measured[f'similarity/layer{i}/cos_yv']:.3f}" for i in range(c.n_layer))
+        log.print(f"step {step} similarity | mean cos(y, v) {measured['similarity/mean_cos_yv']:.4f} | by layer "
+                  f"{layers} | {seconds['similarity']:.1f}s")
+    if "downstream" in seconds:
+        tasks = " | ".join(f"{k.removeprefix('downstream/')} {v:.4f}" for k, v in measured.items()
+                           if k.startswith("downstream/") and k != "downstream/avg")
+        log.print(f"step {step} downstream | avg {measured['downstream/avg']:.4f} | {tasks} | "
+                  f"{seconds['downstream']:.1f}s")
 
 
 def write_step_checkpoint(run, state, loader_position, result, val_loss, c, log):
@@ -322,7 +393,7 @@ def train_loop(c, run, runtime, log, state):
     if c.compile:
         log.print("compiling the model: the first evaluation and the first step take longer")
     if state.step == 0:  # the loss of the initialisation: about ln(vocab_size), a check of the setup
-        val_loss = evaluate(run.model, run.val_x, run.val_y, runtime, c.batch_size, run.dtype)
+        val_loss, _ = evaluate(run.model, run.val_x, run.val_y, runtime, c.batch_size, run.dtype)
         log.log({"step": 0, "val_loss": val_loss, "tokens": 0}, jsonl=False)  # metrics.jsonl: from step 1
         log.print(f"step 0/{c.max_iters} | val loss {val_loss:.4f}")
     pace = Pace(run, c, runtime, state.elapsed_s)
@@ -350,12 +421,12 @@ def train_loop(c, run, runtime, log, state):
         if result.failure:
             raise TrainingStopped(result.failure)
         pace.step_done(c.total_batch_size, timed=not (plan.log or plan.checkpoint or plan.sample))
-        val_loss = None
-        if plan.evaluate:
-            val_loss = evaluate(run.model, run.val_x, run.val_y, runtime, c.batch_size, run.dtype)
+        measured, seconds = measure(c, run, runtime, plan)
+        val_loss = measured.get("val_loss")
+        if val_loss is not None:
             state.best_val_loss = min(state.best_val_loss, val_loss)
         if plan.log:
-            log_step(log, c, step, lr, result, pace, val_loss)
+            log_step(log, c, step, lr, result, pace, measured, seconds)
         if plan.sample:
             log.print(f"step {step} sample: {sample_text(run.raw_model, runtime, run.dtype, seed=c.seed + step)!r}")
         if plan.checkpoint:
@@ -429,7 +500,7 @@ def run(argv):
     # under torchrun the launcher forwards a signal it got to the ranks as well: one stop, not two
     stop_signals = StopSignals(ignore_repeats=runtime.distributed)
     log = MetricsLogger(c.out_dir, enabled=runtime.is_main)
-    status = 0
+    status = None  # stays None when an exception escapes: no barrier then, the other ranks may never reach it
     try:
         status = train(c, runtime, log, stop_signals)
     except ConfigError as e:  # found only once the world size or out_dir is known

@@ -18,3 +18,7 @@ log_interval = 10
 checkpoint_interval = 2000
 wandb_log = True
 wandb_project = "xsa"
+# in-loop evaluation (docs/training.md): the 8 zero-shot tasks on their first 500 examples 40 times over the run,
+# the similarity bias at every evaluation (similarity_interval defaults to eval_interval)
+downstream_interval = 5000
+downstream_limit = 500

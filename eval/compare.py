@@ -20,7 +20,12 @@ standard deviation and a 95% confidence interval (Student t) of the paired diffe
 
 In the plot a setting has one colour and a variant one line style (SA dashed, XSA solid, gated XSA
 dotted); several seeds are drawn thin with their mean bold. A third panel shows each variant's
-paired validation-loss difference from SA over training.
+paired validation-loss difference from SA over training. --val_metric=val_bpb compares bits per byte instead.
+
+Runs that evaluated in the loop (train.py's downstream_interval, similarity_interval) also get in_loop.png:
+the downstream average and each task's accuracy against tokens, the mean cos(y_i, v_i) against tokens and
+cos(y_i, v_i) by layer at the last step (the paper's Figure 1), several seeds as their mean with a 95%
+interval; and a table of each run's last values in compare.md.
 """
 
 import sys
@@ -44,6 +49,9 @@ from pretrain.metrics import read_metrics
 from pretrain.train_config import BOOKKEEPING_KEYS, PAIRING_KEYS, TRAIN_KEYS, VARIANT_KEYS, variant_name
 
 BASELINE = tuple(TRAIN_KEYS[k].default for k in VARIANT_KEYS)  # train.py's default attention: SA
+# the validation metrics compared (--val_metric): their names in sentences and in table headers
+VAL_METRICS = {"val_loss": ("validation loss", "loss"),
+               "val_bpb": ("validation bits per byte (the loss in bits over the bytes of the text)", "bpb")}
 
 
 # -----------------------------------------------------------------------------
@@ -85,9 +93,9 @@ class Run:
         points = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
         return [s for s, _ in points], [v for _, v in points]
 
-    def final_val(self):
-        """(step, val_loss) of the last evaluation, or (None, None)."""
-        steps, values = self.curve("val_loss")
+    def final_val(self, metric="val_loss"):
+        """(step, value) of the validation metric (val_loss or val_bpb) at the last evaluation, or (None, None)."""
+        steps, values = self.curve(metric)
         return (steps[-1], values[-1]) if steps else (None, None)
 
     def setting_key(self, keys):
@@ -186,10 +194,10 @@ def runs_by_variant(runs):
     return by_variant, warnings
 
 
-def paired_final_val(sa, other):
-    """(step, sa_val, other_val) at the last step both runs evaluated, or None."""
-    sa_vals = dict(zip(*sa.curve("val_loss")))
-    other_vals = dict(zip(*other.curve("val_loss")))
+def paired_final_val(sa, other, metric="val_loss"):
+    """(step, sa_val, other_val) of the validation metric at the last step both runs evaluated, or None."""
+    sa_vals = dict(zip(*sa.curve(metric)))
+    other_vals = dict(zip(*other.curve(metric)))
     both = sorted(set(sa_vals) & set(other_vals))
     return (both[-1], sa_vals[both[-1]], other_vals[both[-1]]) if both else None
 
@@ -202,7 +210,7 @@ def fmt(x, signed=False):
     return "–" if x is None else (f"{x:+.4f}" if signed else f"{x:.4f}")
 
 
-def comparison(settings):
+def comparison(settings, metric="val_loss"):
     """One row per setting and variant other than SA: that variant's pairs with SA and the numbers and
     statistics of the second table (a setting with SA runs alone gets one row, variant None). Also
     returns the runs in no pair, and warnings."""
@@ -216,7 +224,8 @@ def comparison(settings):
         for variant in others:
             pairs = {key: (baseline[key], run) for key, run in by_variant[variant].items() if key in baseline}
             paired.update(id(r) for pair in pairs.values() for r in pair)
-            compared = [v for v in (paired_final_val(sa, other) for sa, other in pairs.values()) if v is not None]
+            compared = [v for v in (paired_final_val(sa, other, metric) for sa, other in pairs.values())
+                        if v is not None]
             row = {"setting": label, "variant": variant, "pairs": pairs, "n": len(compared),
                    "steps": sorted({step for step, _, _ in compared})}
             if compared:
@@ -231,22 +240,23 @@ def comparison(settings):
     return rows, unpaired, warnings
 
 
-def markdown(runs, settings, rows, unpaired, warnings):
+def markdown(runs, settings, rows, unpaired, warnings, metric="val_loss"):
     others = sorted({r.variant for r in runs if r.variant != BASELINE}, key=variant_label)
     baseline = variant_title(BASELINE)
     title = f"{baseline} vs {', '.join(map(variant_title, others))}" if others else f"{baseline} only"
+    name, short = VAL_METRICS[metric]
     lines = [f"## {title}: {len(runs)} runs, {len(settings)} setting{'s' * (len(settings) != 1)}", "",
-             "Final validation loss of each run (its last evaluation):", "",
-             "| run | setting | variant | seed | step | val loss |", "|---|---|---|---|---|---|"]
+             f"Final {name} of each run (its last evaluation):", "",
+             f"| run | setting | variant | seed | step | val {short} |", "|---|---|---|---|---|---|"]
     for label, setting_runs in settings:
         for run in setting_runs:
-            step, val = run.final_val()
+            step, val = run.final_val(metric)
             lines.append(f"| {run.name} | {label} | {run.label} | {run.seed} | {step if step else '–'} "
                          f"| {fmt(val)} |")
-    lines += ["", "Each variant − SA in validation loss per setting (negative: the variant is better), pairs "
+    lines += ["", f"Each variant − SA in {name.split(' (')[0]} per setting (negative: the variant is better), pairs "
               "matched by seed and compared at the last step both evaluated; std and the 95% confidence "
               "interval (Student t) are over the pairs:", "",
-              "| setting | variant | pairs | step | SA loss | variant loss | variant − SA | std | 95% CI "
+              f"| setting | variant | pairs | step | SA {short} | variant {short} | variant − SA | std | 95% CI "
               "| variant lower |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
@@ -313,9 +323,9 @@ def line_styles(runs):
     return styles
 
 
-def plot(settings, rows, out, smooth=0.0, ylim=None):
-    """compare.png in out: train loss, validation loss and the paired validation difference from SA,
-    one colour per setting and one line style per variant."""
+def plot(settings, rows, out, smooth=0.0, ylim=None, metric="val_loss"):
+    """compare.png in out: train loss, the validation metric and its paired difference from SA, one colour
+    per setting and one line style per variant."""
     plt = common.pyplot()
     from matplotlib.lines import Line2D
 
@@ -324,7 +334,7 @@ def plot(settings, rows, out, smooth=0.0, ylim=None):
     colours = {label: palette[i % len(palette)] for i, (label, _) in enumerate(settings)}
     styles = line_styles([r for _, runs in settings for r in runs])
     for ax, key, title in ((ax_train, "train_loss", "train loss" + (f" (EMA {smooth})" if smooth else "")),
-                           (ax_val, "val_loss", "validation loss")):
+                           (ax_val, metric, VAL_METRICS[metric][0].split(" (")[0])):
         drawn = []
         for label, runs in settings:
             for variant, style in styles.items():
@@ -336,7 +346,7 @@ def plot(settings, rows, out, smooth=0.0, ylim=None):
                 if len(curves) > 1:
                     ax.plot(*mean_curve(curves), style, color=colours[label], lw=1.8)
                 drawn += curves
-        ax.set(title=title, xlabel="step", ylabel="loss")
+        ax.set(title=title, xlabel="step", ylabel="loss" if key != "val_bpb" else "bits per byte")
         ylim_here = ylim or loss_range(drawn)
         if ylim_here:
             ax.set_ylim(*ylim_here)
@@ -345,7 +355,7 @@ def plot(settings, rows, out, smooth=0.0, ylim=None):
     for row in rows:
         diffs = []
         for sa, other in row["pairs"].values():
-            sa_vals, other_vals = dict(zip(*sa.curve("val_loss"))), dict(zip(*other.curve("val_loss")))
+            sa_vals, other_vals = dict(zip(*sa.curve(metric))), dict(zip(*other.curve(metric)))
             steps = sorted(set(sa_vals) & set(other_vals))
             if steps:
                 diffs.append((steps, [other_vals[s] - sa_vals[s] for s in steps]))
@@ -356,7 +366,8 @@ def plot(settings, rows, out, smooth=0.0, ylim=None):
         if len(diffs) > 1:
             ax_diff.plot(*mean_curve(diffs), style, color=colour, lw=1.8)
     ax_diff.axhline(0.0, color="black", lw=0.8)
-    ax_diff.set(title="validation loss, variant − SA (paired by seed)", xlabel="step", ylabel="difference")
+    ax_diff.set(title=f"{VAL_METRICS[metric][0].split(' (')[0]}, variant − SA (paired by seed)", xlabel="step",
+                ylabel="difference")
     ax_diff.grid(alpha=0.3)
 
     handles = [Line2D([], [], color=colour, lw=2, label=label) for label, colour in colours.items()]
@@ -365,13 +376,129 @@ def plot(settings, rows, out, smooth=0.0, ylim=None):
     return common.save_figure(fig, out, "compare.png")
 
 
+# -----------------------------------------------------------------------------
+# in-loop evaluation (train.py's downstream_interval and similarity_interval): accuracy and similarity bias
+
+
+def in_loop_keys(runs):
+    """(downstream task keys, the avg first; whether any run logged the similarity bias), from the records."""
+    keys = {k for r in runs for record in r.records for k in record}
+    tasks = sorted(k for k in keys if k.startswith("downstream/") and k != "downstream/avg")
+    return (["downstream/avg"] + tasks if tasks else []), "similarity/mean_cos_yv" in keys
+
+
+def band(curves, confidence=0.95):
+    """(tokens, mean, low, high) of several runs' (tokens, values) curves at the tokens they all have: the mean
+    and its Student t interval over the runs (low = high = mean for one run)."""
+    tokens, mean = mean_curve(curves)
+    lookups = [dict(zip(t, v)) for t, v in curves]
+    low, high = list(mean), list(mean)
+    if len(curves) > 1:
+        for i, at in enumerate(tokens):
+            ci = paired_stats([lk[at] for lk in lookups], confidence)["ci"]
+            low[i], high[i] = ci
+    return tokens, mean, low, high
+
+
+def tokens_curve(run, key):
+    """(tokens, values) of a metric, where logged."""
+    points = [(r["tokens"], r[key]) for r in run.records if r.get(key) is not None and r.get("tokens") is not None]
+    return [t for t, _ in points], [v for _, v in points]
+
+
+def last_layers(run):
+    """cos(y_i, v_i) by layer at the run's last similarity step: (step, [value per layer]) or None."""
+    steps, _ = run.curve("similarity/mean_cos_yv")
+    if not steps:
+        return None
+    record = next(r for r in run.records if r["step"] == steps[-1])
+    values, i = [], 0
+    while f"similarity/layer{i}/cos_yv" in record:
+        values.append(record[f"similarity/layer{i}/cos_yv"])
+        i += 1
+    return steps[-1], values
+
+
+def plot_in_loop(settings, out):
+    """in_loop.png in out: the downstream average and each task's accuracy against tokens, the mean cos(y_i, v_i)
+    against tokens, and cos(y_i, v_i) by layer at the last step (the paper's Figure 1), one colour per setting,
+    one line style per variant; several seeds are drawn as their mean with the 95% interval shaded. Returns
+    the path and what each panel drew, {panel title: {line label: (x, y)}}, read back from the figure."""
+    plt = common.pyplot()
+    runs = [r for _, rs in settings for r in rs]
+    accuracy, similarity = in_loop_keys(runs)
+    panels = [(key, key.removeprefix("downstream/").replace("avg", "downstream average")) for key in accuracy]
+    if similarity:
+        panels += [("similarity/mean_cos_yv", "mean cos(y_i, v_i) over layers"),
+                   ("layers", "cos(y_i, v_i) by layer, last step")]
+    columns = min(3, len(panels))
+    n_rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(n_rows, columns, figsize=(5.5 * columns, 4 * n_rows), squeeze=False)
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours = {label: palette[i % len(palette)] for i, (label, _) in enumerate(settings)}
+    styles = line_styles(runs)
+    drawn = {}
+    for ax, (key, title) in zip(axes.flat, panels):
+        for label, setting_runs in settings:
+            for variant, style in styles.items():
+                chosen = [r for r in setting_runs if r.variant == variant]
+                name = f"{label} {variant_title(variant)}"
+                if key == "layers":
+                    found = [v for v in map(last_layers, chosen) if v]
+                    if found:
+                        depth = min(len(v) for _, v in found)
+                        values = [statistics.fmean(v[i] for _, v in found) for i in range(depth)]
+                        ax.plot(range(depth), values, style, marker="o", color=colours[label], label=name)
+                    continue
+                curves = [c for c in (tokens_curve(r, key) for r in chosen) if c[0]]
+                if not curves:
+                    continue
+                tokens, mean, low, high = band(curves)
+                ax.plot(tokens, mean, style, marker="o", ms=3, color=colours[label], label=name)
+                if len(curves) > 1:
+                    ax.fill_between(tokens, low, high, color=colours[label], alpha=0.15, lw=0)
+        ax.set(title=title, xlabel="layer" if key == "layers" else "tokens",
+               ylabel="accuracy" if key.startswith("downstream/") else "cosine")
+        ax.grid(alpha=0.3)
+        drawn[title] = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines}
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize="small")
+    return common.save_figure(fig, out, "in_loop.png"), drawn
+
+
+def in_loop_markdown(settings):
+    """A markdown table of each run's last in-loop values: downstream accuracies (percent), mean cos(y_i, v_i)
+    and val_bpb, each at the last step that logged it; "" when no run logged any."""
+    runs = [r for _, rs in settings for r in rs]
+    accuracy, similarity = in_loop_keys(runs)
+    if not accuracy and not similarity:
+        return ""
+    keys = accuracy + (["similarity/mean_cos_yv"] if similarity else []) + ["val_bpb"]
+    names = [k.removeprefix("downstream/").removeprefix("similarity/") for k in keys]
+    lines = ["", "In-loop evaluation, each run's last logged value (accuracy in percent; step in brackets):", "",
+             "| run | setting | variant | seed | " + " | ".join(names) + " |", "|---" * (4 + len(keys)) + "|"]
+    for label, setting_runs in settings:
+        for run in setting_runs:
+            cells = []
+            for key in keys:
+                steps, values = run.curve(key)
+                scale = 100 if key.startswith("downstream/") else 1
+                cells.append(f"{scale * values[-1]:.{2 if scale == 100 else 4}f} ({steps[-1]})" if steps else "–")
+            lines.append(f"| {run.name} | {label} | {run.label} | {run.seed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     parser = common.make_parser(__doc__.split("\n\n")[0], checkpoints=None, device=False,
-                                out="compare.png and compare.md")
+                                out="compare.png, compare.md and, for runs with in-loop evaluation, in_loop.png")
     parser.add_argument("runs", nargs="+", help="run directories or globs (quoted), or directories of runs")
     parser.add_argument("--smooth", type=float, default=0.0,
                         help="EMA factor for the train-loss curves, 0 (none) to <1, e.g. 0.9")
     parser.add_argument("--ylim", type=float, nargs=2, metavar=("LOW", "HIGH"), help="loss axis range")
+    parser.add_argument("--val_metric", choices=list(VAL_METRICS), default="val_loss",
+                        help="what the validation panels and tables compare: the loss in nats per token, or bits "
+                             "per byte of the text (independent of the tokenizer)")
     args = parser.parse_args()
     if not 0.0 <= args.smooth < 1.0:
         parser.error("--smooth must be in [0, 1)")
@@ -381,15 +508,19 @@ def main():
     if not runs:
         exits.fail(f"no run directories (with metrics.jsonl and config.json) in {' '.join(args.runs)}")
     settings = group_settings(runs)
-    rows, unpaired, warnings = comparison(settings)
-    table = markdown(runs, settings, rows, unpaired, warnings)
+    rows, unpaired, warnings = comparison(settings, args.val_metric)
+    table = markdown(runs, settings, rows, unpaired, warnings, args.val_metric) + in_loop_markdown(settings)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
 
     path = common.write_text(out, "compare.md", table)
-    plot(settings, rows, out, args.smooth, args.ylim)
+    plot(settings, rows, out, args.smooth, args.ylim, args.val_metric)
+    written = "compare.png"
+    if any(in_loop_keys(runs)):
+        plot_in_loop(settings, out)
+        written += " and in_loop.png"
     print(table)
-    print(f"wrote {path} and compare.png")
+    print(f"wrote {path}, {written}")
 
 
 if __name__ == "__main__":

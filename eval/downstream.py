@@ -25,14 +25,18 @@ if not __package__:  # run as a file, where the repo's imports fail: say how to 
 import contextlib
 import difflib
 import glob
+import io
 import json
 import math
 import os
+import re
 
 import tiktoken
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
+from configurator import ConfigError
 from eval import common
 from pretrain import checkpointer, exits
 from pretrain.runtime import autocast
@@ -71,9 +75,13 @@ def make_adapter_class():
     class GPTAdapter(TemplateLM):
         """Our GPT with tiktoken's gpt2 encoding, as lm-eval's scoring engine sees a model."""
 
-        def __init__(self, model, device="cpu", dtype="float32", batch_size=16, quiet=True):
+        def __init__(self, model, device="cpu", dtype="float32", batch_size=16, quiet=True, rank=0, world_size=1):
             super().__init__()
             self.model, self.batch_size, self.dtype, self.quiet = model, int(batch_size), dtype, quiet
+            # under torchrun (train.py's in-loop evaluation): this process's share of the batches;
+            # lm-eval itself sees one process, which returns every result
+            self.process, self.processes = rank, world_size
+            self.forward_tokens = 0  # positions run through the model, padding included (scripts/bench.py)
             self._device = torch.device(device)
             self.device_type = self._device.type
             self.enc = tiktoken.get_encoding("gpt2")
@@ -100,41 +108,62 @@ def make_adapter_class():
         @torch.no_grad()
         def log_probs(self, idx):
             """Log-probabilities over the real vocabulary, (B, T, 50257) float32."""
+            self.forward_tokens += idx.numel()
             with autocast(self.device_type, self.dtype):
                 logits, _ = self.model(idx)
             return F.log_softmax(logits[..., :GPT2_VOCAB].float(), dim=-1)
 
         def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
             """requests: ((context, continuation), context tokens, continuation tokens).
-            Returns (sum of the continuation's log-probs, whether greedy decoding produces it)."""
+            Returns (sum of the continuation's log-probs, whether greedy decoding produces it).
+            With several processes, process r scores batches r, r + W, ... of the same batching as one
+            process (each request's numbers are those of one process, bit for bit) and the results are
+            gathered; every process runs the same number of forwards (FSDP's forward is collective)."""
             # longest first, so the first batch shows whether memory suffices
             collator = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
+            chunks = list(collator.get_batched(n=self.batch_size))
+            rounds = math.ceil(len(chunks) / self.processes)
+            scored = torch.full((rounds, self.batch_size, 2), math.nan, dtype=torch.float64)  # log-prob, greedy
+            for i in common.progress(range(rounds), self.quiet or disable_tqdm, desc="log-likelihoods", unit="batch"):
+                index = i * self.processes + self.process
+                if index >= len(chunks):  # this process has run out of batches: a forward all the same
+                    self.log_probs(torch.full((1, 1), self.eot_token_id, device=self._device))
+                    continue
+                for j, (logprob, greedy) in enumerate(self.score_batch(chunks[index])):
+                    scored[i, j] = torch.tensor([logprob, greedy])
+            if self.processes > 1:
+                gathered = [torch.empty_like(scored, device=self._device) for _ in range(self.processes)]
+                dist.all_gather(gathered, scored.to(self._device))
+                scored = torch.stack(gathered, dim=1).flatten(0, 1).cpu()  # batch i * W + r at row i * W + r
             results = []
-            batches = common.progress(collator.get_batched(n=self.batch_size), self.quiet or disable_tqdm,
-                                      total=math.ceil(len(requests) / self.batch_size), desc="log-likelihoods",
-                                      unit="batch")
-            for chunk in batches:
-                rows, cont_lens = [], []
-                for _, context, continuation in chunk:
-                    assert 0 < len(continuation) <= self.max_length, "continuation longer than the context window"
-                    # the input is everything but the last token, cut from the left to fit the window
-                    rows.append((context + continuation)[-(self.max_length + 1):][:-1])
-                    cont_lens.append(len(continuation))
-                width = max(len(r) for r in rows)
-                # right padding: a causal model's logits at real positions never see the padding
-                idx = torch.full((len(rows), width), self.eot_token_id, dtype=torch.long)
-                for i, r in enumerate(rows):
-                    idx[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-                log_probs = self.log_probs(idx.to(self._device))
-                for i, ((request, _, continuation), row, n) in enumerate(zip(chunk, rows, cont_lens)):
-                    lp = log_probs[i, len(row) - n:len(row)]  # the positions that predict the continuation
-                    target = torch.tensor(continuation, dtype=torch.long, device=lp.device)
-                    logprob = lp.gather(-1, target[:, None]).double().sum().item()
-                    greedy = bool((lp.argmax(dim=-1) == target).all())
-                    results.append((logprob, greedy))
+            for chunk, rows in zip(chunks, scored):
+                for (request, _, _), (logprob, greedy) in zip(chunk, rows.tolist()):
+                    results.append((logprob, bool(greedy)))
                     if request is not None:  # rolling windows have no request strings to cache
-                        self.cache_hook.add_partial("loglikelihood", request, (logprob, greedy))
+                        self.cache_hook.add_partial("loglikelihood", request, (logprob, bool(greedy)))
             return collator.get_original(results)
+
+        def score_batch(self, chunk):
+            """[(sum of the continuation's log-probs, greedy)] for one batch of requests, in one forward."""
+            rows, cont_lens = [], []
+            for _, context, continuation in chunk:
+                assert 0 < len(continuation) <= self.max_length, "continuation longer than the context window"
+                # the input is everything but the last token, cut from the left to fit the window
+                rows.append((context + continuation)[-(self.max_length + 1):][:-1])
+                cont_lens.append(len(continuation))
+            width = max(len(r) for r in rows)
+            # right padding: a causal model's logits at real positions never see the padding
+            idx = torch.full((len(rows), width), self.eot_token_id, dtype=torch.long)
+            for i, r in enumerate(rows):
+                idx[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+            log_probs = self.log_probs(idx.to(self._device))
+            results = []
+            for i, ((_, _, continuation), row, n) in enumerate(zip(chunk, rows, cont_lens)):
+                lp = log_probs[i, len(row) - n:len(row)]  # the positions that predict the continuation
+                target = torch.tensor(continuation, dtype=torch.long, device=lp.device)
+                results.append((lp.gather(-1, target[:, None]).double().sum().item(),
+                                bool((lp.argmax(dim=-1) == target).all())))
+            return results
 
         def loglikelihood_rolling(self, requests, disable_tqdm=False):
             """Log-likelihood of whole documents (perplexity tasks): non-overlapping windows of
@@ -184,13 +213,107 @@ def make_adapter_class():
 
 
 def evaluate_model(model, tasks, device, dtype, batch_size=16, limit=None, task_manager=None, bootstrap_iters=1000,
-                   quiet=True):
+                   quiet=True, rank=0, world_size=1):
     """lm-eval's results for one model on device: {"results": {task: {metric: value}}, ...}.
-    tasks: task names, or the Task objects load_tasks returns (their data loaded once for all models)."""
+    tasks: task names, or the Task objects load_tasks returns (their data loaded once for all models).
+    rank, world_size: this process's place under torchrun, which scores its share of the requests."""
+    adapter = make_adapter_class()(model, device, dtype, batch_size, quiet, rank, world_size)
+    return score(adapter, tasks, limit, task_manager, bootstrap_iters)
+
+
+def score(adapter, tasks, limit, task_manager, bootstrap_iters):
+    """lm-eval's zero-shot evaluation of tasks through adapter (a GPTAdapter): its results, on the processes
+    whose LOCAL_RANK is 0 (lm-eval's rule), else None."""
     from lm_eval import simple_evaluate
-    adapter = make_adapter_class()(model, device, dtype, batch_size, quiet)
     return simple_evaluate(model=adapter, tasks=list(tasks), num_fewshot=0, limit=limit,
                            task_manager=task_manager, bootstrap_iters=bootstrap_iters, log_samples=False)
+
+
+def headline(task, metrics):
+    """(metric name, value as a fraction) of a task's headline metric in lm-eval's results: the paper's
+    for its 8 tasks (TASKS), else acc_norm where the task reports it, else acc."""
+    metric = TASKS[task][1] if task in TASKS else "acc_norm" if "acc_norm,none" in metrics else "acc"
+    return metric, metrics[f"{metric},none"]
+
+
+@contextlib.contextmanager
+def rng_kept(device):
+    """lm-eval seeds Python's, NumPy's and torch's generators on every call: a training run's must come out
+    as they went in (evaluation never changes what a run trains on)."""
+    import random
+
+    import numpy
+    python_state, numpy_state = random.getstate(), numpy.random.get_state()
+    with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            numpy.random.set_state(numpy_state)
+
+
+@contextlib.contextmanager
+def bars_dropped():
+    """lm-eval draws a progress bar per task as it builds the requests, with no way to turn it off: in a training
+    log they would be noise. What else it writes to stderr (a warning) passes through."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield
+    finally:
+        for line in buffer.getvalue().replace("\r", "\n").splitlines():
+            if line.strip() and not re.search(r"\d+%\|.*\|", line):
+                print(line, file=sys.stderr)
+
+
+class InLoopDownstream:
+    """train.py's in-loop downstream evaluation (its downstream_* keys): the tasks indexed and their data
+    loaded once, before step 1, so that a wrong name or unreadable data stops the run before it trains;
+    then, at each evaluation, evaluate_model on the first `limit` examples of each task, the same ones
+    every time, with the requests split across the processes. Its accuracy at a step is this script's
+    with --limit on the checkpoint of that step, example for example."""
+
+    def __init__(self, tasks, limit, include_path, runtime):
+        """tasks: comma-separated lm-eval names. ConfigError for an unknown task or a missing lm-eval;
+        data that cannot be read (no Hub, a broken local file) exits in one line with status 3 (load_tasks)."""
+        try:
+            from lm_eval.tasks import TaskManager
+        except ImportError:
+            raise ConfigError('downstream_interval > 0 needs lm-evaluation-harness: pip install "lm-eval>=0.4.13"')
+        self.names = tasks.replace(",", " ").split()
+        self.limit = limit
+        include_path = os.path.abspath(include_path) if include_path else None
+        self.task_manager = TaskManager(include_path=include_path, include_defaults=include_path is None)
+        for name in self.names:
+            if name not in self.task_manager.task_index:
+                where = "downstream_include_path does not define it" if include_path else "lm-eval does not define it"
+                raise ConfigError(unknown_task(name, self.task_manager, where))
+        if runtime.distributed and not runtime.is_main:
+            dist.barrier()  # the main process fills the datasets cache, the others then read it
+        self.tasks = load_tasks(self.task_manager, self.names)
+        for task in self.tasks:  # zero-shot, as evaluate_model asks (lm-eval warns when it changes a task's setting)
+            task.set_config(key="num_fewshot", value=0)
+        if runtime.distributed and runtime.is_main:
+            dist.barrier()
+
+    def __call__(self, model, runtime, dtype, batch_size):
+        """{"downstream/<task>": headline metric, a fraction; "downstream/avg": their mean}, on every process."""
+        model.eval()
+        adapter = make_adapter_class()(model, runtime.device, dtype, batch_size, True, runtime.rank,
+                                       runtime.world_size)
+        with rng_kept(runtime.device), bars_dropped():
+            results = score(adapter, self.tasks, self.limit, self.task_manager, bootstrap_iters=0)
+        model.train()
+        self.forward_tokens = adapter.forward_tokens  # this process's, for scripts/bench.py
+        if results:
+            self.examples = sum(results["n-samples"][task]["effective"] for task in self.names)
+        # lm-eval returns the results on the processes with LOCAL_RANK 0 only: the main one's, sent to all
+        scores = torch.tensor([headline(task, results["results"][task])[1] if results else math.nan
+                               for task in self.names], dtype=torch.float64, device=runtime.device)
+        if runtime.distributed:
+            dist.broadcast(scores, src=0)
+        record = {f"downstream/{task}": score for task, score in zip(self.names, scores.tolist())}
+        return dict(record, **{"downstream/avg": scores.mean().item()})
 
 
 # -----------------------------------------------------------------------------
@@ -214,11 +337,16 @@ def task_names(parser, args, task_manager):
         parser.error(f"--include_path {args.include_path} defines no task")
     for name in names:
         if name not in task_manager.task_index:
-            close = difflib.get_close_matches(name, task_manager.all_tasks, n=3)
             where = f"--include_path {args.include_path} does not define it" if args.no_default_tasks else \
                 "lm-eval and --include_path do not define it"
-            parser.error(f"unknown task {name}: {where}" + (f"; close: {', '.join(close)}" if close else ""))
+            parser.error(unknown_task(name, task_manager, where))
     return names
+
+
+def unknown_task(name, task_manager, where):
+    """The one line for a task name that task_manager does not know, with the close names it does."""
+    close = difflib.get_close_matches(name, task_manager.all_tasks, n=3)
+    return f"unknown task {name}: {where}" + (f"; close: {', '.join(close)}" if close else "")
 
 
 def task_config(entry):

@@ -58,7 +58,9 @@ def layer_stats(attn, x, cos, sin, n_sinks, mask=None):
     """The four quantities for one attention layer, summed over the batch's sequences (each
     already a mean over heads and tokens). x: the layer's input (B, n_sinks + T, n_embd); mask: the
     attention's own (None: causal)."""
-    q, k, v_kv = attn.project_qkv(x.float(), cos, sin)  # q: n_head heads; k, v: n_kv_head heads (GQA)
+    # projected in the weights' dtype (FSDP's mixed precision gathers bfloat16 ones, which take no float32 input),
+    # then float32; q: n_head heads; k, v: n_kv_head heads (GQA)
+    q, k, v_kv = (t.float() for t in attn.project_qkv(x.to(attn.c_q.weight.dtype), cos, sin))
     # query head h reads key/value head h // (n_head / n_kv_head): every quantity is per query head
     k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v_kv))  # (B, n_head, L, head_dim)
     L, D = q.shape[-2:]
@@ -90,7 +92,7 @@ def similarity_stats(model, x, dtype="float32"):
     """Per-layer means over heads, tokens and the sequences x (B, T) of the Figure 1 quantities:
     {"cos_vv": [...], "a_ii": [...], "cos_yv": [...], "cos_zv": [...] or None}, one value per layer;
     cos_zv is None for an SA model and None in the SA layers of a model with XSA in some layers only.
-    Each block's attention input is captured by a forward pre-hook during a normal forward pass."""
+    Each block's attention input is captured by a forward pre-hook during a normal, eager forward pass."""
     sums = [None] * model.config.n_layer
 
     def capture(i):
@@ -102,8 +104,8 @@ def similarity_stats(model, x, dtype="float32"):
         return hook
 
     handles = [block.attn.register_forward_pre_hook(capture(i)) for i, block in enumerate(model.transformer.h)]
-    try:
-        with autocast(x.device.type, dtype):
+    try:  # eager: a compiled block (FSDP compiles each) would not call hooks registered after it was compiled
+        with autocast(x.device.type, dtype), torch.compiler.set_stance("force_eager"):
             model(x)
     finally:
         for handle in handles:
@@ -128,6 +130,33 @@ def stats_over_batches(model, x, batch_size, dtype, quiet=True, desc=None):
                 sum(n * stats[name][layer] for n, stats in per_batch) / len(x) for layer in layers]
 
     return {name: mean(name) for name in QUANTITIES}
+
+
+@torch.no_grad()
+def in_loop_record(model, x, runtime, dtype):
+    """train.py's similarity-bias keys of metrics.jsonl for the fixed validation sequences x (B, T), by
+    similarity_stats itself: similarity/layer<i>/cos_yv, .../self_weight (a_ii), .../cos_zv (XSA layers) and
+    similarity/mean_cos_yv. Process r scores sequences r, r + W, ... and the sums are gathered: the numbers are
+    those of this script on the same sequences. Every process runs one forward (FSDP's is collective)."""
+    mine = x[runtime.rank::runtime.world_size]
+    model.eval()
+    stats = similarity_stats(model, (mine if len(mine) else x[:1]).to(runtime.device), dtype)
+    model.train()
+    names = {"cos_yv": "cos_yv", "a_ii": "self_weight", "cos_zv": "cos_zv"}
+    xsa = [block.attn.attn_type == "xsa" for block in model.transformer.h]
+    # per-layer sums over this process's sequences, then over all of them
+    sums = torch.tensor([[(stats[name][i] if stats[name] and stats[name][i] is not None else 0.0) * len(mine)
+                          for i in range(len(xsa))] for name in names], dtype=torch.float64, device=runtime.device)
+    if runtime.distributed:
+        torch.distributed.all_reduce(sums)
+    means = (sums / len(x)).tolist()
+    record = {}
+    for i, is_xsa in enumerate(xsa):
+        for (name, key), values in zip(names.items(), means):
+            if key != "cos_zv" or is_xsa:
+                record[f"similarity/layer{i}/{key}"] = values[i]
+    record["similarity/mean_cos_yv"] = sum(means[0]) / len(xsa)
+    return record
 
 
 def format_table(results):

@@ -51,6 +51,16 @@ def a_directory(name, value):
         return f"{name} {value!r} is a file, not a directory"
 
 
+def an_existing_directory(name, value):
+    if not os.path.isdir(value):
+        return f"{name} {value!r}: no such directory"
+
+
+def task_list(name, value):
+    if not [task for task in value.replace(",", " ").split()]:
+        return f"{name} names no task; give lm-eval task names, comma separated"
+
+
 @dataclass
 class RunKeys:
     """Where a run lives and what it writes there."""
@@ -67,6 +77,27 @@ class RunKeys:
                                    check=non_negative)
     keep_checkpoints: int = key(2, "newest checkpoints kept in out_dir (and always the best validation loss's)",
                                 check=positive)
+
+
+# the paper's 8 zero-shot tasks (Table 2), as lm-eval names them (eval/downstream.py's TASKS)
+PAPER_TASKS = "arc_easy,boolq,hellaswag,lambada_openai,openbookqa,piqa,social_iqa,winogrande"
+
+
+@dataclass
+class InLoopKeys:
+    """What a run measures besides the loss while it trains (docs/training.md, "In-loop evaluation")."""
+    similarity_interval: int | None = key(None, "optimizer steps between similarity-bias passes (cos(y_i, v_i) per "
+                                                "layer, on a fixed val batch); None: eval_interval; 0: never",
+                                          check=non_negative, derive=lambda c, name: c.eval_interval)
+    downstream_interval: int = key(0, "optimizer steps between zero-shot downstream evaluations (lm-eval, and at "
+                                      "the last step); 0: never", check=non_negative)
+    downstream_tasks: str = key(PAPER_TASKS, "lm-eval task names, comma separated; default: the paper's 8",
+                                check=task_list)
+    downstream_limit: int = key(500, "examples per task: the first ones, the same at every evaluation",
+                                check=positive)
+    downstream_include_path: str | None = key(None, "a folder of lm-eval task YAMLs (local task copies, offline); "
+                                                    "the tasks then come from it alone",
+                                              check=an_existing_directory)
 
 
 @dataclass
@@ -166,7 +197,8 @@ class SeedKeys:
 
 
 # the keys, in the order --help lists them and config.json records them
-SECTIONS = (RunKeys, DataKeys, WandbKeys, GPTConfig, StepKeys, OptimizerKeys, GuardKeys, SystemKeys, SeedKeys)
+SECTIONS = (RunKeys, InLoopKeys, DataKeys, WandbKeys, GPTConfig, StepKeys, OptimizerKeys, GuardKeys, SystemKeys,
+            SeedKeys)
 MODEL_KEYS = tuple(f.name for f in fields(GPTConfig))
 MODEL_DEFAULTS = {f.name: f.default for f in fields(GPTConfig)}
 
@@ -194,8 +226,9 @@ ARCHITECTURE_KEYS = tuple(k for k in MODEL_KEYS if k not in ("block_size", "drop
 VARIANT_KEYS = tuple(f.name for f in fields(GPTConfig) if f.metadata.get("variant"))
 # runs of two variants with the same values here form a pair: same initialisation, same batches
 PAIRING_KEYS = tuple(f.name for f in fields(SeedKeys))
-# where and how a run is named, logged, launched, guarded or parallelised: never what it trains
-BOOKKEEPING_KEYS = tuple(f.name for section in (RunKeys, WandbKeys, GuardKeys, SystemKeys) for f in fields(section))
+# where and how a run is named, logged, measured, launched, guarded or parallelised: never what it trains
+BOOKKEEPING_KEYS = tuple(f.name for section in (RunKeys, InLoopKeys, WandbKeys, GuardKeys, SystemKeys)
+                         for f in fields(section))
 
 
 def variant_name(config):

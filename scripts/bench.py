@@ -30,6 +30,7 @@ if not __package__:  # run as a file, where the repo's imports fail: say how to 
 import functools
 import json
 import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +58,8 @@ class Bench:
                                      "sigma 1: mean ~660 tokens, FineWeb-like; prepare.py's doc_lengths.json has "
                                      "your data's)", check=positive)
     profile: bool = key(False, "write a torch profiler trace per variant to bench_trace_<variant>.json")
+    bench_in_loop: bool = key(False, "also time the baseline's in-loop evaluation (one similarity pass, one downstream "
+                                     "evaluation as the downstream_* keys say) as a share of the training between two")
     bench_json: str = key("", "also write the results to this JSON file")
 
 
@@ -169,6 +172,76 @@ def xsa_orthogonality(config, device, dtype):
     return ratio.mean().item(), ratio.max().item()
 
 
+# -----------------------------------------------------------------------------
+# the cost of train.py's in-loop evaluation
+
+PAPER_CONFIGS = ("config/xsa_0p7b.py", "config/xsa_1p4b.py", "config/xsa_2p7b.py")
+
+
+def in_loop_share(seconds, interval, step_seconds):
+    """The share of the time between two evaluations at `interval` steps that the evaluation takes."""
+    return seconds / (interval * step_seconds + seconds) if interval else None
+
+
+def flop_shares(c, downstream_tokens):
+    """(downstream share, similarity share) of the training FLOPs between two evaluations at the config's intervals,
+    for downstream_tokens forward positions per evaluation: a forward costs a third of a training step's FLOPs per
+    token (2N of 6N), whatever the model, so the shares depend on tokens alone. The similarity pass counts as two
+    forwards of batch_size sequences (the model's, then the explicit attention of the statistics)."""
+    step_tokens = c.total_batch_size
+    downstream = downstream_tokens / 3 / (c.downstream_interval * step_tokens) if c.downstream_interval else None
+    similarity = (2 * c.batch_size * c.block_size / 3 / (c.similarity_interval * step_tokens)
+                  if c.similarity_interval else None)
+    return downstream, similarity
+
+
+def in_loop_cost(c, model, runtime, dtype, step_seconds, tokens_per_step):
+    """Time one similarity pass and one downstream evaluation (the second of two: the first builds lm-eval's
+    caches) of the model on this process; print them as shares of the training between two evaluations at
+    the config's intervals, measured here (train.py's step of total_batch_size tokens being total_batch_size /
+    tokens_per_step bench steps), and as FLOP shares, here and for the paper's configs at their intervals with
+    the forward tokens per example measured here."""
+    from eval.downstream import InLoopDownstream
+    from eval.similarity import in_loop_record
+    step_seconds *= c.total_batch_size / tokens_per_step
+    batch = torch.randint(0, min(50257, c.vocab_size), (c.batch_size, c.block_size))
+    similarity_times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        in_loop_record(model, batch, runtime, dtype)
+        similarity_times.append(time.perf_counter() - started)
+    similarity_s = statistics.median(similarity_times)
+    downstream = InLoopDownstream(c.downstream_tasks, c.downstream_limit, c.downstream_include_path, runtime)
+    for _ in range(2):
+        started = time.perf_counter()
+        downstream(model, runtime, dtype, c.batch_size)
+        downstream_s = time.perf_counter() - started
+    per_example = downstream.forward_tokens / downstream.examples
+    flop_downstream, flop_similarity = flop_shares(c, downstream.forward_tokens)
+    report = {"similarity_s": similarity_s, "downstream_s": downstream_s, "downstream_examples": downstream.examples,
+              "forward_tokens_per_example": per_example, "train_step_s": step_seconds,
+              "similarity_share": in_loop_share(similarity_s, c.similarity_interval, step_seconds),
+              "downstream_share": in_loop_share(downstream_s, c.downstream_interval, step_seconds),
+              "similarity_flop_share": flop_similarity, "downstream_flop_share": flop_downstream}
+    pct = lambda share: "n/a (interval 0)" if share is None else f"{100 * share:.3f}%"  # noqa: E731
+    print(f"in-loop evaluation, measured ({step_seconds:.3f} s per train.py step of {c.total_batch_size:,} tokens): "
+          f"similarity pass {similarity_s:.3f} s = {pct(report['similarity_share'])} of the time between two at "
+          f"similarity_interval {c.similarity_interval} (FLOPs: {pct(flop_similarity)}); downstream "
+          f"{downstream_s:.2f} s for {downstream.examples} examples ({per_example:.0f} forward tokens each) = "
+          f"{pct(report['downstream_share'])} at downstream_interval {c.downstream_interval} (FLOPs: "
+          f"{pct(flop_downstream)})")
+    report["paper"] = {}
+    for path in PAPER_CONFIGS:
+        paper = train_config.resolve([path])[0]
+        examples = len(paper.downstream_tasks.split(",")) * paper.downstream_limit
+        shares = flop_shares(paper, per_example * examples)
+        report["paper"][path] = {"downstream_flop_share": shares[0], "similarity_flop_share": shares[1]}
+        print(f"  {path}: downstream {examples} examples every {paper.downstream_interval} steps: "
+              f"{pct(shares[0])} of the training FLOPs; similarity every {paper.similarity_interval} steps: "
+              f"{pct(shares[1])}")
+    return report
+
+
 def main():
     argv = sys.argv[1:]
     try:
@@ -259,6 +332,10 @@ def main():
                   f"({(x == c.eot_token).sum().item()} documents in {x.numel():,} tokens)")
     print(f"sdpa backend: {backend} | XSA orthogonality |z.v|/(|v||y|) in {dtype}: mean {ortho_mean:.2e}, "
           f"max {ortho_max:.2e}")
+    if c.bench_in_loop:
+        baseline_run = runs[baseline]
+        results["in_loop"] = in_loop_cost(variants[baseline], baseline_run["model"], runtime, dtype,
+                                          base["ms_per_step"] / 1000, tokens_per_step)
     if c.bench_json:
         with open(c.bench_json, "w") as f:
             json.dump({"config": c.to_dict(), "device": device_name, "dtype": dtype, "results": results, "sdpa_backend": backend,

@@ -20,6 +20,44 @@ TOY_EOT = 7
 
 
 # -----------------------------------------------------------------------------
+# local copies of the paper's 8 lm-eval tasks (test_eval_downstream.py, test_in_loop.py)
+
+LM_EVAL_FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
+# where each task's definition lives inside lm_eval/tasks in lm-eval 0.4.13
+INSTALLED_TASK_YAML = {
+    "arc_easy": "arc/arc_easy.yaml",
+    "boolq": "super_glue/boolq/default.yaml",
+    "hellaswag": "hellaswag/hellaswag.yaml",
+    "lambada_openai": "lambada/lambada_openai.yaml",
+    "openbookqa": "openbookqa/openbookqa.yaml",
+    "piqa": "piqa/piqa.yaml",
+    "social_iqa": "siqa/siqa.yaml",
+    "winogrande": "winogrande/default.yaml",
+}
+
+
+def write_fixture_tasks(out):
+    """A task directory in out whose YAMLs include the installed lm-eval task definitions and swap only
+    the data source for the jsonl fixtures, mapped to every split name the task declares; returns out."""
+    import lm_eval.tasks
+    import yaml
+    from lm_eval.tasks._yaml_loader import load_yaml
+    task_dir = os.path.dirname(lm_eval.tasks.__file__)
+    for task, relative in INSTALLED_TASK_YAML.items():
+        installed = os.path.join(task_dir, relative)
+        config = load_yaml(installed, resolve_func=False)
+        assert config["task"] == task, f"{installed} no longer defines {task}"
+        data = os.path.join(LM_EVAL_FIXTURES, f"{task}.jsonl")
+        split_keys = ("training_split", "validation_split", "test_split")
+        splits = {config[key]: data for key in split_keys if config.get(key)}
+        with open(os.path.join(out, f"{task}.yaml"), "w") as f:
+            yaml.safe_dump({"include": installed, "dataset_path": "json", "dataset_name": None,
+                            "dataset_kwargs": {"data_files": splits, "cache_dir": os.path.join(str(out), "hf_cache")}},
+                           f)
+    return str(out)
+
+
+# -----------------------------------------------------------------------------
 # every variant the repo trains (test_generate.py, test_export.py)
 
 # every variant the repo trains

@@ -270,3 +270,106 @@ def test_variant_labels_name_the_keys_that_differ_from_sa():
     assert compare.variant_label(variant(attn_type="xsa", xsa_layers="11")) == "xsa_blocks11"
     assert compare.variant_label(variant(attn_type="xsa", xsa_gate=True, xsa_layers="0,5")) == "xsa_gate_blocks0-5"
     assert compare.variant_title(variant(attn_type="xsa", xsa_gate=True, xsa_layers=4)) == "XSA+gate+last4"
+
+
+# -----------------------------------------------------------------------------
+# in-loop evaluation: in_loop.png and the last values' table, drawn from the rows of metrics.jsonl
+
+IN_LOOP_TASKS = ("arc_easy", "piqa")
+IN_LOOP_STEPS = (10, 20, 30)
+
+
+def write_in_loop_run(root, name, attn_type, seed):
+    """A run whose metrics.jsonl, written by train.py's MetricsLogger, holds downstream and similarity rows of
+    values drawn from the seed at steps 10, 20 and 30 (2 layers), and 1,000 tokens per step."""
+    import random
+    from pretrain.metrics import MetricsLogger
+    path = os.path.join(root, name)
+    os.makedirs(path)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"config": {"out_dir": path, "wandb_run_name": name, "attn_type": attn_type, "xsa_gate": False,
+                              "seed": seed, "data_seed": seed, "n_layer": 2, "max_iters": 30}}, f)
+    draw = random.Random(f"{attn_type}{seed}")
+    log = MetricsLogger(path)
+    for step in range(1, 31):
+        record = {"step": step, "tokens": 1000 * step, "train_loss": 5.0 - 0.01 * step}
+        if step in IN_LOOP_STEPS:
+            scores = {f"downstream/{task}": draw.random() for task in IN_LOOP_TASKS}
+            layers = {f"similarity/layer{i}/cos_yv": draw.random() for i in range(2)}
+            record.update(scores, **layers, val_loss=4.0 - 0.01 * step + draw.random() / 10, val_bpb=draw.random())
+            record["downstream/avg"] = statistics.fmean(scores.values())
+            record["similarity/mean_cos_yv"] = statistics.fmean(layers.values())
+        log.log(record)
+    return path
+
+
+@pytest.fixture
+def in_loop_runs(tmp_path):
+    root = tmp_path / "runs"
+    return {(attn_type, seed): write_in_loop_run(str(root), f"{attn_type}_tiny_seed{seed}", attn_type, seed)
+            for attn_type in ("sa", "xsa") for seed in (1, 2, 3)}
+
+
+def rows_of(path):
+    from pretrain.metrics import read_metrics
+    return {r["step"]: r for r in read_metrics(os.path.join(path, "metrics.jsonl"))}
+
+
+def test_the_in_loop_figure_draws_the_seeds_mean_of_the_rows_against_tokens(in_loop_runs, tmp_path):
+    compare = load_compare()
+    settings = compare.group_settings(compare.find_runs([str(tmp_path / "runs")]))
+    path, drawn = compare.plot_in_loop(settings, str(tmp_path))
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    panels = {"downstream average": "downstream/avg", **{task: f"downstream/{task}" for task in IN_LOOP_TASKS},
+              "mean cos(y_i, v_i) over layers": "similarity/mean_cos_yv"}
+    assert set(drawn) == set(panels) | {"cos(y_i, v_i) by layer, last step"}
+    for title, key in panels.items():
+        for attn_type in ("sa", "xsa"):
+            x, y = drawn[title][f"tiny {attn_type.upper()}"]
+            assert x == [1000 * step for step in IN_LOOP_STEPS]
+            want = [statistics.fmean(rows_of(in_loop_runs[attn_type, seed])[step][key] for seed in (1, 2, 3))
+                    for step in IN_LOOP_STEPS]
+            assert y == pytest.approx(want, rel=1e-12)
+    for attn_type in ("sa", "xsa"):  # Figure 1's shape: by layer, at the last step
+        x, y = drawn["cos(y_i, v_i) by layer, last step"][f"tiny {attn_type.upper()}"]
+        assert x == [0, 1]
+        last = [rows_of(in_loop_runs[attn_type, seed])[30] for seed in (1, 2, 3)]
+        assert y == pytest.approx([statistics.fmean(r[f"similarity/layer{i}/cos_yv"] for r in last) for i in range(2)],
+                                  rel=1e-12)
+
+
+def test_the_seeds_interval_is_the_student_t_one():
+    compare = load_compare()
+    curves = [([100, 200], [0.40, 0.50]), ([100, 200], [0.44, 0.56]), ([100, 200, 300], [0.45, 0.51, 0.9])]
+    tokens, mean, low, high = compare.band(curves)
+    assert tokens == [100, 200]  # where every seed has a value
+    for i in range(2):
+        values = [c[1][i] for c in curves]
+        half = T_975[2] * statistics.stdev(values) / math.sqrt(3)
+        assert mean[i] == pytest.approx(statistics.fmean(values))
+        assert (low[i], high[i]) == pytest.approx((mean[i] - half, mean[i] + half), rel=1e-5)
+
+
+def test_compare_md_lists_each_runs_last_in_loop_values_and_the_png_is_written(in_loop_runs, tmp_path):
+    markdown = compare_markdown(str(tmp_path / "out"), str(tmp_path / "runs"))
+    assert open(tmp_path / "out" / "in_loop.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    table = {r["run"]: r for r in table_rows(markdown, "| run | setting | variant | seed | avg")}
+    assert len(table) == 6
+    for (attn_type, seed), path in in_loop_runs.items():
+        last = rows_of(path)[30]
+        row = table[f"{attn_type}_tiny_seed{seed}"]
+        for task in ("avg",) + IN_LOOP_TASKS:
+            assert row[task] == f"{100 * last[f'downstream/{task}']:.2f} (30)"
+        assert row["mean_cos_yv"] == f"{last['similarity/mean_cos_yv']:.4f} (30)"
+        assert row["val_bpb"] == f"{last['val_bpb']:.4f} (30)"
+
+
+def test_val_metric_compares_bits_per_byte(in_loop_runs, tmp_path):
+    markdown = compare_markdown(str(tmp_path / "out"), str(tmp_path / "runs"), "--val_metric", "val_bpb")
+    finals = {r["run"]: r for r in table_rows(markdown, "| run | setting | variant | seed | step | val bpb |")}
+    for (attn_type, seed), path in in_loop_runs.items():
+        assert finals[f"{attn_type}_tiny_seed{seed}"]["val bpb"] == f"{rows_of(path)[30]['val_bpb']:.4f}"
+    [row] = table_rows(markdown, "| setting | variant | pairs | step | SA bpb |")
+    diffs = [rows_of(in_loop_runs["xsa", s])[30]["val_bpb"] - rows_of(in_loop_runs["sa", s])[30]["val_bpb"]
+             for s in (1, 2, 3)]
+    assert float(row["variant − SA"]) == pytest.approx(statistics.fmean(diffs), abs=1e-4)

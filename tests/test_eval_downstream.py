@@ -25,20 +25,9 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from conftest import REPO, run_in_process, run_script  # noqa: E402
 from eval.downstream import PAPER_TABLE2, TASKS, make_adapter_class  # noqa: E402
 from fakes.hub import NOWHERE, no_hub_env  # noqa: E402
+from helpers import INSTALLED_TASK_YAML, LM_EVAL_FIXTURES as FIXTURES, write_fixture_tasks  # noqa: E402
 from pretrain.checkpointer import list_checkpoints, load_model  # noqa: E402
 
-FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
-# where each task's definition lives inside lm_eval/tasks in lm-eval 0.4.13
-INSTALLED_TASK_YAML = {
-    "arc_easy": "arc/arc_easy.yaml",
-    "boolq": "super_glue/boolq/default.yaml",
-    "hellaswag": "hellaswag/hellaswag.yaml",
-    "lambada_openai": "lambada/lambada_openai.yaml",
-    "openbookqa": "openbookqa/openbookqa.yaml",
-    "piqa": "piqa/piqa.yaml",
-    "social_iqa": "siqa/siqa.yaml",
-    "winogrande": "winogrande/default.yaml",
-}
 VOCAB = 50257
 
 
@@ -196,23 +185,7 @@ def test_paper_table_averages_are_the_mean_of_the_eight_tasks():
 
 @pytest.fixture(scope="module")
 def fixture_tasks(tmp_path_factory):
-    """A task directory whose YAMLs include the installed lm-eval task definitions and swap only
-    the data source for the jsonl fixtures, mapped to every split name the task declares."""
-    import lm_eval.tasks
-    from lm_eval.tasks._yaml_loader import load_yaml
-    task_dir = os.path.dirname(lm_eval.tasks.__file__)
-    out = tmp_path_factory.mktemp("lm_eval_tasks")
-    for task, relative in INSTALLED_TASK_YAML.items():
-        installed = os.path.join(task_dir, relative)
-        config = load_yaml(installed, resolve_func=False)
-        assert config["task"] == task, f"{installed} no longer defines {task}"
-        data = os.path.join(FIXTURES, f"{task}.jsonl")
-        split_keys = ("training_split", "validation_split", "test_split")
-        splits = {config[key]: data for key in split_keys if config.get(key)}
-        with open(out / f"{task}.yaml", "w") as f:
-            yaml.safe_dump({"include": installed, "dataset_path": "json", "dataset_name": None,
-                            "dataset_kwargs": {"data_files": splits, "cache_dir": str(out / "hf_cache")}}, f)
-    return str(out)
+    return write_fixture_tasks(tmp_path_factory.mktemp("lm_eval_tasks"))
 
 
 @pytest.fixture(scope="module")
