@@ -457,6 +457,9 @@ def plot_in_loop(settings, out):
                 ax.plot(tokens, mean, style, marker="o", ms=3, color=colours[label], label=name)
                 if len(curves) > 1:
                     ax.fill_between(tokens, low, high, color=colours[label], alpha=0.15, lw=0)
+        if key == "layers":
+            from matplotlib.ticker import MaxNLocator
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(title=title, xlabel="layer" if key == "layers" else "tokens",
                ylabel="accuracy" if key.startswith("downstream/") else "cosine")
         ax.grid(alpha=0.3)

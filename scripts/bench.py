@@ -41,7 +41,7 @@ from pretrain import exits, train_config
 from pretrain.guards import Guards
 from pretrain.metrics import ThroughputMeter
 from pretrain.parallelize import compile_counts
-from pretrain.runtime import DeviceError, Runtime, enable_tf32, peak_flops, pick_device, resolve_dtype
+from pretrain.runtime import REPO, DeviceError, Runtime, enable_tf32, peak_flops, pick_device, resolve_dtype
 from train import TrainStep, build_model
 
 
@@ -201,7 +201,7 @@ def in_loop_cost(c, model, runtime, dtype, step_seconds, tokens_per_step):
     the config's intervals, measured here (train.py's step of total_batch_size tokens being total_batch_size /
     tokens_per_step bench steps), and as FLOP shares, here and for the paper's configs at their intervals with
     the forward tokens per example measured here."""
-    from eval.downstream import InLoopDownstream
+    from eval.downstream import InLoopDownstream, working_dir
     from eval.similarity import in_loop_record
     step_seconds *= c.total_batch_size / tokens_per_step
     batch = torch.randint(0, min(50257, c.vocab_size), (c.batch_size, c.block_size))
@@ -232,7 +232,8 @@ def in_loop_cost(c, model, runtime, dtype, step_seconds, tokens_per_step):
           f"{pct(flop_downstream)})")
     report["paper"] = {}
     for path in PAPER_CONFIGS:
-        paper = train_config.resolve([path])[0]
+        with working_dir(REPO):  # config files, and those they exec, are named from the repo root
+            paper = train_config.resolve([path])[0]
         examples = len(paper.downstream_tasks.split(",")) * paper.downstream_limit
         shares = flop_shares(paper, per_example * examples)
         report["paper"][path] = {"downstream_flop_share": shares[0], "similarity_flop_share": shares[1]}

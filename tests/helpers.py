@@ -20,6 +20,18 @@ TOY_EOT = 7
 
 
 # -----------------------------------------------------------------------------
+# resumed runs (test_resume.py, test_resume_processes.py)
+
+# dropout makes every step draw random numbers, so a lost RNG state would show in the losses
+RESUME = dict(max_iters=8, lr_decay_iters=8, eval_interval=4, checkpoint_interval=4, dropout=0.1)
+
+
+def losses(out_dir):
+    """(step, train_loss) of every record in out_dir's metrics.jsonl."""
+    return [(r["step"], r["train_loss"]) for r in read_metrics(os.path.join(out_dir, "metrics.jsonl"))]
+
+
+# -----------------------------------------------------------------------------
 # local copies of the paper's 8 lm-eval tasks (test_eval_downstream.py, test_in_loop.py)
 
 LM_EVAL_FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
@@ -43,6 +55,7 @@ def write_fixture_tasks(out):
     import yaml
     from lm_eval.tasks._yaml_loader import load_yaml
     task_dir = os.path.dirname(lm_eval.tasks.__file__)
+    os.makedirs(out, exist_ok=True)
     for task, relative in INSTALLED_TASK_YAML.items():
         installed = os.path.join(task_dir, relative)
         config = load_yaml(installed, resolve_func=False)

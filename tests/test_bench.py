@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from conftest import HANG_GUARD_S, MICRO, REPO, run_script
+from helpers import write_fixture_tasks
 
 # scripts.bench run in a temporary directory (where its traces go): the repo's modules found through PYTHONPATH
 FROM_TMP_PATH = {**os.environ, "PYTHONPATH": REPO}
@@ -14,13 +15,34 @@ FROM_TMP_PATH = {**os.environ, "PYTHONPATH": REPO}
 
 @pytest.mark.slow
 def test_bench_reports_consistent_figures_and_profiles_both_variants(tmp_path):
-    args = [f"--{k}={v}" for k, v in MICRO.items()] + [
+    """Also the in-loop evaluation's cost (--bench_in_loop): its shares of the training between two evaluations,
+    measured and in FLOPs, against the formulas recomputed here, for this config and the paper's."""
+    tasks = write_fixture_tasks(tmp_path / "tasks")
+    in_loop = dict(bench_in_loop=True, downstream_include_path=tasks, downstream_interval=50, downstream_limit=3,
+                   similarity_interval=20, total_batch_size=4 * MICRO["block_size"])
+    args = [f"--{k}={v}" for k, v in {**MICRO, **in_loop}.items()] + [
         "--batch_size=2", "--compile=False", "--device=cpu", "--dtype=float32", "--bench_rounds=2",
         "--bench_steps=1", "--bench_warmup=1", "--profile=True", f"--bench_json={tmp_path / 'bench.json'}"]
-    proc = run_script([sys.executable, "-m", "scripts.bench", *args], cwd=tmp_path, env=FROM_TMP_PATH)
+    proc = run_script([sys.executable, "-m", "scripts.bench", *args], cwd=tmp_path,
+                      env={**FROM_TMP_PATH, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     results = report["results"]
+    cost = results.pop("in_loop")
+    step_s = results["sa"]["ms_per_step"] / 1000 * 2  # train.py's step: total_batch_size = 2 bench steps' tokens
+    assert cost["train_step_s"] == pytest.approx(step_s, rel=1e-9)
+    for what, interval in (("similarity", 20), ("downstream", 50)):
+        seconds = cost[f"{what}_s"]
+        assert cost[f"{what}_share"] == pytest.approx(seconds / (interval * step_s + seconds), rel=1e-9)
+    assert cost["downstream_examples"] == 8 * 3  # the first 3 examples of each of the 8 tasks
+    tokens = cost["forward_tokens_per_example"] * cost["downstream_examples"]
+    assert cost["downstream_flop_share"] == pytest.approx(tokens / 3 / (50 * 4 * MICRO["block_size"]), rel=1e-9)
+    assert cost["similarity_flop_share"] == pytest.approx(2 * 2 / 3 / (20 * 4), rel=1e-9)
+    for path, shares in cost["paper"].items():  # 8 tasks x 500 examples every 5000 steps of 524,288 tokens
+        per_example = cost["forward_tokens_per_example"]
+        assert shares["downstream_flop_share"] == pytest.approx(per_example * 4000 / 3 / (5000 * 524_288), rel=1e-9)
+        assert f"{path}: downstream 4000 examples every 5000 steps: {100 * shares['downstream_flop_share']:.3f}%" \
+            in proc.stdout
     assert set(results) == {"sa", "xsa"}
     tokens_per_step = 2 * MICRO["block_size"]
     for r in results.values():

@@ -240,3 +240,12 @@ def test_a_task_that_cannot_be_evaluated_stops_the_run_before_it_writes_anything
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], result.stderr
     assert not out.exists()
+
+
+def test_the_default_tasks_are_the_papers_8_and_the_paper_configs_evaluate_them():
+    from pretrain.train_config import TRAIN_KEYS, resolve
+    assert TRAIN_KEYS["downstream_tasks"].default.split(",") == list(TASKS)
+    for size in ("0p7b", "1p4b", "2p7b"):
+        c = resolve([f"config/xsa_{size}.py"])[0]
+        assert c.downstream_interval > 0 and c.similarity_interval == c.eval_interval
+    assert resolve(["config/xsa_tiny.py"])[0].downstream_interval == 0  # the tiny configs leave it off
