@@ -78,8 +78,8 @@ def make_adapter_class():
         def __init__(self, model, device="cpu", dtype="float32", batch_size=16, quiet=True, rank=0, world_size=1):
             super().__init__()
             self.model, self.batch_size, self.dtype, self.quiet = model, int(batch_size), dtype, quiet
-            # under torchrun (train.py's in-loop evaluation): this process's share of the batches;
-            # lm-eval itself sees one process, which returns every result
+            # under torchrun (train.py's in-loop evaluation): this process's share of the batches, whose
+            # results it gathers; lm-eval itself sees a process of its own (rank 0 of 1)
             self.process, self.processes = rank, world_size
             self.forward_tokens = 0  # positions run through the model, padding included (scripts/bench.py)
             self._device = torch.device(device)
@@ -279,7 +279,8 @@ class InLoopDownstream:
         try:
             from lm_eval.tasks import TaskManager
         except ImportError:
-            raise ConfigError('downstream_interval > 0 needs lm-evaluation-harness: pip install "lm-eval>=0.4.13"')
+            raise ConfigError('downstream_interval > 0 needs lm-evaluation-harness: pip install "lm-eval>=0.4.13"') \
+                from None
         self.names = tasks.replace(",", " ").split()
         self.limit = limit
         include_path = os.path.abspath(include_path) if include_path else None
@@ -301,7 +302,8 @@ class InLoopDownstream:
         model.eval()
         adapter = make_adapter_class()(model, runtime.device, dtype, batch_size, True, runtime.rank,
                                        runtime.world_size)
-        with rng_kept(runtime.device), bars_dropped():
+        # eager: the requests' many lengths would recompile the blocks that FSDP runs compiled
+        with rng_kept(runtime.device), bars_dropped(), torch.compiler.set_stance("force_eager"):
             results = score(adapter, self.tasks, self.limit, self.task_manager, bootstrap_iters=0)
         model.train()
         self.forward_tokens = adapter.forward_tokens  # this process's, for scripts/bench.py
@@ -312,7 +314,7 @@ class InLoopDownstream:
                                for task in self.names], dtype=torch.float64, device=runtime.device)
         if runtime.distributed:
             dist.broadcast(scores, src=0)
-        record = {f"downstream/{task}": score for task, score in zip(self.names, scores.tolist())}
+        record = {f"downstream/{task}": value for task, value in zip(self.names, scores.tolist())}
         return dict(record, **{"downstream/avg": scores.mean().item()})
 
 
