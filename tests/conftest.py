@@ -85,6 +85,17 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(CORES + 1, len(files) or CORES + 1))
 
 
+def pytest_collection_modifyitems(config, items):
+    """The files with the most slow tests first, each file's tests in their order: pytest-xdist hands whole files
+    to the workers in this order (pytest.ini turns off its own, by number of tests), so the long files start
+    at once rather than last, where one of them would keep a worker busy after the others are done."""
+    slow = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    first_seen = {path: i for i, path in enumerate(slow)}
+    items.sort(key=lambda item: (-slow[item.path], first_seen[item.path]))
+
+
 @pytest.fixture(scope="session")
 def corpus_docs():
     """The fixture plays as documents (one play = one document)."""
