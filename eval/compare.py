@@ -49,9 +49,8 @@ from pretrain.metrics import read_metrics
 from pretrain.train_config import BOOKKEEPING_KEYS, PAIRING_KEYS, TRAIN_KEYS, VARIANT_KEYS, variant_name
 
 BASELINE = tuple(TRAIN_KEYS[k].default for k in VARIANT_KEYS)  # train.py's default attention: SA
-# the validation metrics compared (--val_metric): their names in sentences and in table headers
-VAL_METRICS = {"val_loss": ("validation loss", "loss"),
-               "val_bpb": ("validation bits per byte (the loss in bits over the bytes of the text)", "bpb")}
+# the validation metrics compared (--val_metric): their names in titles and sentences, and in table headers
+VAL_METRICS = {"val_loss": ("validation loss", "loss"), "val_bpb": ("validation bits per byte", "bpb")}
 
 
 # -----------------------------------------------------------------------------
@@ -88,9 +87,9 @@ class Run:
         by_step = {r["step"]: r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "step" in r}
         self.records = [by_step[s] for s in sorted(by_step)]  # a resumed run's last record per step wins
 
-    def curve(self, key):
-        """(steps, values) of a metric, where logged."""
-        points = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
+    def curve(self, key, x="step"):
+        """(steps, values) of a metric, where logged; x="tokens": (tokens seen, values)."""
+        points = [(r[x], r[key]) for r in self.records if r.get(key) is not None and r.get(x) is not None]
         return [s for s, _ in points], [v for _, v in points]
 
     def final_val(self, metric="val_loss"):
@@ -253,7 +252,7 @@ def markdown(runs, settings, rows, unpaired, warnings, metric="val_loss"):
             step, val = run.final_val(metric)
             lines.append(f"| {run.name} | {label} | {run.label} | {run.seed} | {step if step else '–'} "
                          f"| {fmt(val)} |")
-    lines += ["", f"Each variant − SA in {name.split(' (')[0]} per setting (negative: the variant is better), pairs "
+    lines += ["", f"Each variant − SA in {name} per setting (negative: the variant is better), pairs "
               "matched by seed and compared at the last step both evaluated; std and the 95% confidence "
               "interval (Student t) are over the pairs:", "",
               f"| setting | variant | pairs | step | SA {short} | variant {short} | variant − SA | std | 95% CI "
@@ -334,7 +333,7 @@ def plot(settings, rows, out, smooth=0.0, ylim=None, metric="val_loss"):
     colours = {label: palette[i % len(palette)] for i, (label, _) in enumerate(settings)}
     styles = line_styles([r for _, runs in settings for r in runs])
     for ax, key, title in ((ax_train, "train_loss", "train loss" + (f" (EMA {smooth})" if smooth else "")),
-                           (ax_val, metric, VAL_METRICS[metric][0].split(" (")[0])):
+                           (ax_val, metric, VAL_METRICS[metric][0])):
         drawn = []
         for label, runs in settings:
             for variant, style in styles.items():
@@ -366,7 +365,7 @@ def plot(settings, rows, out, smooth=0.0, ylim=None, metric="val_loss"):
         if len(diffs) > 1:
             ax_diff.plot(*mean_curve(diffs), style, color=colour, lw=1.8)
     ax_diff.axhline(0.0, color="black", lw=0.8)
-    ax_diff.set(title=f"{VAL_METRICS[metric][0].split(' (')[0]}, variant − SA (paired by seed)", xlabel="step",
+    ax_diff.set(title=f"{VAL_METRICS[metric][0]}, variant − SA (paired by seed)", xlabel="step",
                 ylabel="difference")
     ax_diff.grid(alpha=0.3)
 
@@ -398,12 +397,6 @@ def band(curves, confidence=0.95):
             ci = paired_stats([lk[at] for lk in lookups], confidence)["ci"]
             low[i], high[i] = ci
     return tokens, mean, low, high
-
-
-def tokens_curve(run, key):
-    """(tokens, values) of a metric, where logged."""
-    points = [(r["tokens"], r[key]) for r in run.records if r.get(key) is not None and r.get("tokens") is not None]
-    return [t for t, _ in points], [v for _, v in points]
 
 
 def last_layers(run):
@@ -450,7 +443,7 @@ def plot_in_loop(settings, out):
                         values = [statistics.fmean(v[i] for _, v in found) for i in range(depth)]
                         ax.plot(range(depth), values, style, marker="o", color=colours[label], label=name)
                     continue
-                curves = [c for c in (tokens_curve(r, key) for r in chosen) if c[0]]
+                curves = [c for c in (r.curve(key, x="tokens") for r in chosen) if c[0]]
                 if not curves:
                     continue
                 tokens, mean, low, high = band(curves)
