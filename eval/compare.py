@@ -34,6 +34,8 @@ if not __package__:  # run as a file, where the repo's imports fail: say how to 
     print("run it from the repo root as a module: python -m eval.compare", file=sys.stderr)
     sys.exit(2)
 
+import collections
+import functools
 import glob
 import json
 import math
@@ -45,11 +47,11 @@ import scipy.stats
 
 from eval import common
 from pretrain import exits
-from pretrain.metrics import read_metrics
 from pretrain.train_config import BOOKKEEPING_KEYS, PAIRING_KEYS, TRAIN_KEYS, VARIANT_KEYS, variant_name
 
 BASELINE = tuple(TRAIN_KEYS[k].default for k in VARIANT_KEYS)  # train.py's default attention: SA
 # the validation metrics compared (--val_metric): their names in titles and sentences, and in table headers
+AVG = "downstream/avg"  # the mean of a record's downstream/<task> accuracies
 VAL_METRICS = {"val_loss": ("validation loss", "loss"), "val_bpb": ("validation bits per byte", "bpb")}
 
 
@@ -58,34 +60,165 @@ VAL_METRICS = {"val_loss": ("validation loss", "loss"), "val_bpb": ("validation 
 
 
 def paired_stats(diffs, confidence=0.95):
-    """Mean, sample standard deviation and confidence interval of the differences (None where n < 2)."""
+    """Mean, sample standard deviation and confidence interval (Student t) of the differences (None where
+    n < 2). Its coverage, measured by simulation, is in T_COVERAGE."""
     n = len(diffs)
     mean = statistics.fmean(diffs)
     if n < 2:
         return {"n": n, "mean": mean, "std": None, "ci": None}
     std = statistics.stdev(diffs)
-    ci = scipy.stats.t.interval(confidence, n - 1, loc=mean, scale=std / math.sqrt(n))
-    return {"n": n, "mean": mean, "std": std, "ci": tuple(float(x) for x in ci)}
+    half = t_quantile(confidence, n - 1) * std / math.sqrt(n)
+    return {"n": n, "mean": mean, "std": std, "ci": (mean - half, mean + half)}
+
+
+@functools.lru_cache(maxsize=None)
+def t_quantile(confidence, df):
+    """The Student t quantile of a two-sided interval at this confidence (scipy's ppf is slow; a table and its
+    band ask for the same few over and over)."""
+    return float(scipy.stats.t.ppf((1 + confidence) / 2, df))
+
+
+# Coverage of paired_stats' 95% interval, measured by simulation from a known mean (200,000 draws each, numpy
+# seed 0; tests/test_interval_coverage.py re-measures them on the function itself): the differences drawn
+# from a normal, a heavy-tailed symmetric (Student t, 3 df), a skewed (exponential) and a strongly skewed
+# (lognormal, sigma 1) distribution, by the number of pairs.
+T_COVERAGE = {3: {"normal": 0.950, "t3": 0.962, "exponential": 0.884, "lognormal": 0.837},
+              5: {"normal": 0.950, "t3": 0.962, "exponential": 0.883, "lognormal": 0.820}}
+# Coverage of band's pointwise 95% interval for seeds' accuracies on a task of `examples` examples (each
+# seed's accuracy binomial, p = 0.3; 200,000 draws each, numpy seed 0): with few examples the seeds often
+# tie, and the band has no width.
+BAND_COVERAGE = {(4, 3): 0.893, (4, 5): 0.941, (20, 3): 0.956, (100, 3): 0.952}
+
+
+def percent(x):
+    return f"{100 * x:.0f}%"
+
+
+def coverage_note(pairs):
+    """What the 95% intervals of the comparison table are worth, in words, for the numbers of pairs they
+    are over: the measured coverage (T_COVERAGE), and where it falls short."""
+    c3, c5 = T_COVERAGE[3], T_COVERAGE[5]
+    note = ("How well the 95% intervals cover: the Student t interval assumes roughly normal differences between "
+            "the seed pairs. Measured by simulation from a known mean, it covers "
+            f"{percent(c3['normal'])} for normal and {percent(c3['t3'])} for heavy-tailed symmetric (t, 3 df) "
+            f"differences, but only {percent(c3['exponential'])} for skewed (exponential) and "
+            f"{percent(c3['lognormal'])} for strongly skewed (lognormal) differences at 3 pairs "
+            f"({percent(c5['exponential'])} and {percent(c5['lognormal'])} at 5 pairs).")
+    if min(pairs) < 5:
+        note += (f" With fewer than 5 pairs ({'/'.join(map(str, sorted(set(p for p in pairs if p < 5))))} here) "
+                 "the differences cannot show whether they are skewed: the interval assumes they are roughly "
+                 "normal, and under-covers if they are not.")
+    return note
+
+
+def band_note(seeds):
+    """What the shaded band of in_loop.png is worth, for the numbers of seeds it is over."""
+    return (f"The shaded band in in_loop.png is, at each point, the 95% Student t interval over the seeds' values "
+            f"({'/'.join(map(str, sorted(seeds)))} seeds): pointwise, not for the whole curve. Its measured "
+            f"coverage is that of the table's interval (above) for roughly normal values, and for accuracies on "
+            f"100 examples or more {percent(BAND_COVERAGE[100, 3])} at 3 seeds; on a handful of examples "
+            f"(downstream_limit 4) the seeds' accuracies often tie and the band has no width: "
+            f"{percent(BAND_COVERAGE[4, 3])} at 3 seeds, {percent(BAND_COVERAGE[4, 5])} at 5.")
 
 
 # -----------------------------------------------------------------------------
 # runs
 
 
+class RunError(ValueError):
+    """A run directory that cannot be read: the message names the file and what is wrong with it."""
+
+
+def read_config(path):
+    """The resolved config (a dict) of config.json at path; RunError naming the file where it is not one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunError(f"{path}: cannot read the run's config ({exits.one_line(e)})") from None
+    config = info.get("config", info) if isinstance(info, dict) else info
+    if not isinstance(config, dict):
+        raise RunError(f"{path}: not a run's config (a JSON object of config keys, as train.py writes it), "
+                       f"a JSON {type(config).__name__}")
+    return config
+
+
+def is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_records(path):
+    """The records of metrics.jsonl at path, and the values left out because they are not finite, as
+    [(key, step)]. A torn last line (a killed run) is skipped; any other line that is not a JSON object
+    with an integer step and numbers for values is a RunError naming the file and the line. train.py
+    logs a skipped non-finite step as it is (NaN, Infinity in the JSON): those values are left out, the
+    rest of their record kept."""
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+    except OSError as e:
+        raise RunError(f"{path}: cannot read the run's metrics ({exits.one_line(e)})") from None
+    records, non_finite = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        torn = number == len(lines)  # the last line has no newline: a run killed while writing it
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            if torn:
+                continue
+            raise RunError(f"{path}, line {number}: not valid JSON ({exits.one_line(e)}); a metrics.jsonl "
+                           "holds one JSON object per line") from None
+        if not isinstance(record, dict):
+            raise RunError(f"{path}, line {number}: a JSON {type(record).__name__}, not a record (a JSON object)")
+        bad = [k for k, v in record.items() if not (v is None or is_number(v))]
+        if "step" in record and not isinstance(record["step"], int) or bad:
+            key = "step" if "step" in record and not isinstance(record["step"], int) else bad[0]
+            raise RunError(f"{path}, line {number}: {key} is {json.dumps(record[key])[:40]}, not a number"
+                           + (" (an integer step)" if key == "step" else ""))
+        for key, value in list(record.items()):
+            if isinstance(value, float) and not math.isfinite(value):
+                non_finite.append((key, record.get("step")))
+                del record[key]
+        records.append(record)
+    return records, non_finite
+
+
+def describe_non_finite(path, non_finite):
+    """One line naming the non-finite values left out of a metrics.jsonl: the key and its steps."""
+    steps = {}
+    for key, step in non_finite:
+        steps.setdefault(key, []).append(step)
+    return (f"{path}: non-finite values left out: "
+            + "; ".join(f"{key} at step{'s' * (len(s) > 1)} {', '.join(map(str, s[:5]))}"
+                        + (f" and {len(s) - 5} more" if len(s) > 5 else "") for key, s in steps.items()))
+
+
 class Run:
-    """One run directory: its resolved config and its metrics, one record per step."""
+    """One run directory: its resolved config and its metrics, one record per step. A file that cannot be read
+    is a RunError naming it; non-finite values are left out of the records, named in self.warnings."""
 
     def __init__(self, path):
         self.path = path
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            info = json.load(f)
-        self.config = info.get("config", info)
-        self.name = self.config.get("wandb_run_name") or os.path.basename(os.path.normpath(path))
+        self.config = read_config(os.path.join(path, "config.json"))
+        self.name = str(self.config.get("wandb_run_name") or os.path.basename(os.path.normpath(path)))
         # a key that the run's train.py did not have yet has its default (no xsa_gate: plain XSA)
         self.variant = tuple(self.config.get(k, TRAIN_KEYS[k].default) for k in VARIANT_KEYS)
         self.seed = self.config.get("seed")
-        by_step = {r["step"]: r for r in read_metrics(os.path.join(path, "metrics.jsonl")) if "step" in r}
+        metrics = os.path.join(path, "metrics.jsonl")
+        records, non_finite = read_records(metrics)
+        self.warnings = [describe_non_finite(metrics, non_finite)] if non_finite else []
+        by_step = {r["step"]: r for r in records if "step" in r}
         self.records = [by_step[s] for s in sorted(by_step)]  # a resumed run's last record per step wins
+        for record in self.records:  # each average also under a key naming its tasks (see in_loop_keys)
+            if record.get(AVG) is not None:
+                record[average_key(record)] = record[AVG]
+        try:
+            hash(self.variant)
+        except TypeError:
+            raise RunError(f"{os.path.join(path, 'config.json')}: the attention keys "
+                           f"{', '.join(VARIANT_KEYS)} are {self.variant}, not plain values") from None
 
     def curve(self, key, x="step"):
         """(steps, values) of a metric, where logged; x="tokens": (tokens seen, values)."""
@@ -106,6 +239,15 @@ class Run:
         return variant_label(self.variant)
 
 
+def average_key(record):
+    """The key of a record's downstream average that names the tasks it averages, from the record's
+    downstream/<task> keys: 'downstream/avg(arc_easy+piqa)'. A run evaluates the tasks of its
+    downstream_tasks, which a resume may change mid-run."""
+    tasks = sorted(k.removeprefix("downstream/") for k in record
+                   if k.startswith("downstream/") and not k.startswith(AVG))
+    return f"{AVG}({'+'.join(tasks) or 'tasks not logged'})"
+
+
 def variant_label(variant):
     """The variant's name (train_config.variant_name): 'sa', 'xsa', 'xsa_gate', 'xsa_last4'."""
     return variant_name(dict(zip(VARIANT_KEYS, variant)))
@@ -120,13 +262,24 @@ def variant_title(variant):
 
 def find_runs(patterns):
     """Run directories (with metrics.jsonl and config.json) from paths or globs; a directory that is
-    not a run itself stands for the runs directly inside it."""
+    not a run itself stands for the runs directly inside it. A path that does not exist, or is a file, or
+    a glob that matches nothing ends the program in one line naming it (exit status 3); a run whose files
+    cannot be read is left out with a warning line on stderr naming the file."""
     paths = []
     for pattern in patterns:
-        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        if glob.has_magic(pattern):
+            matches = sorted(glob.glob(pattern))
+            if not matches:
+                exits.fail(f"{pattern} matches nothing; give run directories, directories of runs or globs of them")
+            matches = [m for m in matches if os.path.isdir(m)]  # a glob also matches the reports beside the runs
+        elif not os.path.exists(pattern):
+            exits.fail(f"{pattern}: no such directory; give run directories, directories of runs or globs of them")
+        elif not os.path.isdir(pattern):
+            exits.fail(f"{pattern} is a file; give run directories (with metrics.jsonl and config.json), "
+                       "directories of runs or globs of them")
+        else:
+            matches = [pattern]
         for path in matches:
-            if not os.path.isdir(path):
-                continue
             if os.path.exists(os.path.join(path, "metrics.jsonl")):
                 paths.append(path)
             else:
@@ -141,7 +294,14 @@ def find_runs(patterns):
         if not os.path.exists(os.path.join(path, "config.json")):
             print(f"warning: {path} has metrics.jsonl but no config.json; left out", file=sys.stderr)
             continue
-        runs.append(Run(path))
+        try:
+            run = Run(path)
+        except RunError as e:
+            print(f"warning: {e}; run left out", file=sys.stderr)
+            continue
+        for w in run.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        runs.append(run)
     return runs
 
 
@@ -270,6 +430,9 @@ def markdown(runs, settings, rows, unpaired, warnings, metric="val_loss"):
         lines.append(f"| {row['setting']} | {variant} | {st['n']} | {steps} | {fmt(row['sa'])} "
                      f"| {fmt(row['other'])} | {fmt(st['mean'], signed=True)} | {fmt(st['std'])} | {ci} "
                      f"| {row['lower']}/{st['n']} |")
+    pairs = [row["stats"]["n"] for row in rows if row["n"] and row["stats"]["ci"] is not None]
+    if pairs:
+        lines += ["", coverage_note(pairs)]
     if unpaired:
         lines += ["", f"Runs without a partner of the same setting and seed (SA for a variant, a variant for SA): "
                       f"{', '.join(unpaired)}."]
@@ -277,6 +440,7 @@ def markdown(runs, settings, rows, unpaired, warnings, metric="val_loss"):
     if partial:
         lines += ["", f"Not compared because only some runs' configs have them (other train.py versions): "
                       f"{', '.join(partial)}."]
+    warnings = [w for r in runs for w in r.warnings] + warnings
     if warnings:
         lines += [""] + [f"Warning: {w}" for w in warnings]
     return "\n".join(lines) + "\n"
@@ -371,7 +535,8 @@ def plot(settings, rows, out, smooth=0.0, ylim=None, metric="val_loss"):
 
     handles = [Line2D([], [], color=colour, lw=2, label=label) for label, colour in colours.items()]
     handles += [Line2D([], [], color="grey", ls=style, label=variant_title(v)) for v, style in styles.items()]
-    ax_val.legend(handles=handles, fontsize="small")
+    for ax in (ax_train, ax_val, ax_diff):  # each panel readable on its own
+        ax.legend(handles=handles, fontsize="small")
     return common.save_figure(fig, out, "compare.png")
 
 
@@ -380,10 +545,22 @@ def plot(settings, rows, out, smooth=0.0, ylim=None, metric="val_loss"):
 
 
 def in_loop_keys(runs):
-    """(downstream task keys, the avg first; whether any run logged the similarity bias), from the records."""
+    """(downstream keys, the average first; whether any run logged the similarity bias), from the records.
+    Averages over different task sets (runs with other downstream_tasks, or a resume that changed them) are
+    never one curve: where the runs' records average more than one set, each set has its own key,
+    'downstream/avg(arc_easy+piqa)' (average_key), in place of downstream/avg."""
     keys = {k for r in runs for record in r.records for k in record}
-    tasks = sorted(k for k in keys if k.startswith("downstream/") and k != "downstream/avg")
-    return (["downstream/avg"] + tasks if tasks else []), "similarity/mean_cos_yv" in keys
+    tasks = sorted(k for k in keys if k.startswith("downstream/") and not k.startswith(AVG))
+    averages = sorted(k for k in keys if k.startswith(AVG + "("))
+    averages = [AVG] if len(averages) == 1 else averages
+    return (averages + tasks if tasks or averages else []), "similarity/mean_cos_yv" in keys
+
+
+def average_title(key):
+    """A panel's title for a downstream average key: 'downstream average', or 'downstream average of arc_easy,
+    piqa' where the runs averaged different task sets."""
+    tasks = key.removeprefix(AVG)
+    return "downstream average" + (f" of {tasks.strip('()').replace('+', ', ')}" if tasks else "")
 
 
 def band(curves, confidence=0.95):
@@ -420,7 +597,8 @@ def plot_in_loop(settings, out):
     plt = common.pyplot()
     runs = [r for _, rs in settings for r in rs]
     accuracy, similarity = in_loop_keys(runs)
-    panels = [(key, key.removeprefix("downstream/").replace("avg", "downstream average")) for key in accuracy]
+    panels = [(key, average_title(key) if key.startswith(AVG) else key.removeprefix("downstream/"))
+              for key in accuracy]
     if similarity:
         panels += [("similarity/mean_cos_yv", "mean cos(y_i, v_i) over layers"),
                    ("layers", "cos(y_i, v_i) by layer, last step")]
@@ -430,8 +608,9 @@ def plot_in_loop(settings, out):
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     colours = {label: palette[i % len(palette)] for i, (label, _) in enumerate(settings)}
     styles = line_styles(runs)
-    drawn = {}
+    drawn, legends = {}, {}
     for ax, (key, title) in zip(axes.flat, panels):
+        shaded = False
         for label, setting_runs in settings:
             for variant, style in styles.items():
                 chosen = [r for r in setting_runs if r.variant == variant]
@@ -450,6 +629,7 @@ def plot_in_loop(settings, out):
                 ax.plot(tokens, mean, style, marker="o", ms=3, color=colours[label], label=name)
                 if len(curves) > 1:
                     ax.fill_between(tokens, low, high, color=colours[label], alpha=0.15, lw=0)
+                    shaded = True
         if key == "layers":
             from matplotlib.ticker import MaxNLocator
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -457,10 +637,13 @@ def plot_in_loop(settings, out):
                ylabel="accuracy" if key.startswith("downstream/") else "cosine")
         ax.grid(alpha=0.3)
         drawn[title] = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines}
+        if ax.lines:  # each panel its own legend: a panel may draw only some settings or variants
+            ax.legend(fontsize="small", title="mean, 95% band over seeds" if shaded else None,
+                      title_fontsize="small")
+            legends[title] = [t.get_text() for t in ax.get_legend().get_texts()]
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize="small")
-    return common.save_figure(fig, out, "in_loop.png"), drawn
+    return common.save_figure(fig, out, "in_loop.png"), drawn, legends
 
 
 def in_loop_markdown(settings):
@@ -482,6 +665,15 @@ def in_loop_markdown(settings):
                 scale = 100 if key.startswith("downstream/") else 1
                 cells.append(f"{scale * values[-1]:.{2 if scale == 100 else 4}f} ({steps[-1]})" if steps else "–")
             lines.append(f"| {run.name} | {label} | {run.label} | {run.seed} | " + " | ".join(cells) + " |")
+    averages = [k for k in accuracy if k.startswith(AVG + "(")]
+    if averages:
+        lines += ["", f"These runs averaged {len(averages)} different sets of downstream tasks (their downstream_tasks, "
+                      "or a resume that changed them): each set's average is a column and a panel of its own, "
+                      + ", ".join(name for key, name in zip(keys, names) if key in averages) + "."]
+    seeds = {n for _, setting_runs in settings for n in collections.Counter(r.variant for r in setting_runs).values()
+             if n > 1}
+    if seeds:
+        lines += ["", band_note(seeds)]
     return "\n".join(lines) + "\n"
 
 
@@ -501,8 +693,9 @@ def main():
     out = common.output_dir(args.out)
 
     runs = find_runs(args.runs)
-    if not runs:
-        exits.fail(f"no run directories (with metrics.jsonl and config.json) in {' '.join(args.runs)}")
+    if not any(r.records for r in runs):
+        exits.fail(f"no usable runs (run directories with metrics.jsonl records and config.json) in "
+                   f"{' '.join(args.runs)}")
     settings = group_settings(runs)
     rows, unpaired, warnings = comparison(settings, args.val_metric)
     table = markdown(runs, settings, rows, unpaired, warnings, args.val_metric) + in_loop_markdown(settings)

@@ -318,8 +318,10 @@ def rows_of(path):
 def test_the_in_loop_figure_draws_the_seeds_mean_of_the_rows_against_tokens(in_loop_runs, tmp_path):
     compare = load_compare()
     settings = compare.group_settings(compare.find_runs([str(tmp_path / "runs")]))
-    path, drawn = compare.plot_in_loop(settings, str(tmp_path))
+    path, drawn, legends = compare.plot_in_loop(settings, str(tmp_path))
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    for title, lines in drawn.items():  # every panel has a legend naming each of its lines
+        assert legends[title] == list(lines) and set(lines) == {"tiny SA", "tiny XSA"}
     panels = {"downstream average": "downstream/avg", **{task: f"downstream/{task}" for task in IN_LOOP_TASKS},
               "mean cos(y_i, v_i) over layers": "similarity/mean_cos_yv"}
     assert set(drawn) == set(panels) | {"cos(y_i, v_i) by layer, last step"}
