@@ -375,3 +375,183 @@ def test_val_metric_compares_bits_per_byte(in_loop_runs, tmp_path):
     diffs = [rows_of(in_loop_runs["xsa", s])[30]["val_bpb"] - rows_of(in_loop_runs["sa", s])[30]["val_bpb"]
              for s in (1, 2, 3)]
     assert float(row["variant − SA"]) == pytest.approx(statistics.fmean(diffs), abs=1e-4)
+
+
+# -----------------------------------------------------------------------------
+# what a user's run directories may hold: non-finite values, corrupt files, missing paths
+
+
+def test_non_finite_values_are_named_in_one_warning_and_left_out(tmp_path):
+    """train.py logs a skipped non-finite step as it is (NaN, Infinity in the JSON). A NaN final val_loss in
+    two seed pairs and an infinite train_loss: one warning line per run names them, the pairs are compared at
+    the last step both have a finite value, and the plots are drawn."""
+    root = str(tmp_path / "runs")
+    sa = {1: 3.50, 2: 3.52, 3: 3.47}
+    xsa = {1: 3.46, 2: 3.50, 3: 3.45}
+    for seed in (1, 2, 3):
+        write_run(root, f"sa_a_seed{seed}", "sa", seed, {50: sa[seed] + 0.2, 100: float("nan") if seed < 3 else sa[seed]})
+        write_run(root, f"xsa_a_seed{seed}", "xsa", seed, {50: xsa[seed] + 0.1, 100: xsa[seed]})
+    path = os.path.join(root, "xsa_a_seed3", "metrics.jsonl")
+    with open(path) as f:
+        lines = f.readlines()
+    lines[6] = json.dumps({**json.loads(lines[6]), "train_loss": float("inf")}) + "\n"  # step 7
+    with open(path, "w") as f:
+        f.writelines(lines)
+    assert "NaN" in open(os.path.join(root, "sa_a_seed1", "metrics.jsonl")).read()
+
+    proc = run_compare(root, "--out", str(tmp_path / "cmp"))
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 3
+    for seed in (1, 2):
+        [line] = [w for w in warnings if f"sa_a_seed{seed}" in w]
+        assert "metrics.jsonl" in line and "val_loss at step 100" in line and "non-finite" in line
+    [line] = [w for w in warnings if "xsa_a_seed3" in w]
+    assert "train_loss at step 7" in line
+    markdown = open(tmp_path / "cmp" / "compare.md").read()
+    row = table_rows(markdown, "| setting |")[0]
+    assert row["step"] == "50/100"  # seeds 1 and 2 at step 50, seed 3 at 100
+    diffs = [xsa[1] + 0.1 - (sa[1] + 0.2), xsa[2] + 0.1 - (sa[2] + 0.2), xsa[3] - sa[3]]
+    assert float(row["variant − SA"]) == pytest.approx(statistics.mean(diffs), abs=5e-5)
+    assert float(row["std"]) == pytest.approx(statistics.stdev(diffs), abs=5e-5)
+    assert "nan" not in markdown.lower().replace("non-finite", "")
+    assert open(tmp_path / "cmp" / "compare.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def corrupt(path, how):
+    """Damage a run directory the ways a user's disk does."""
+    config, metrics = os.path.join(path, "config.json"), os.path.join(path, "metrics.jsonl")
+    if how.startswith("config"):
+        os.remove(config)
+        if how == "config folder":
+            os.makedirs(config)
+            return config
+        text = {"config truncated": '{"config": {"attn_type": "sa", "se', "config empty": "",
+                "config list": '[1, 2, 3]'}[how]
+        with open(config, "w") as f:
+            f.write(text)
+        return config
+    with open(metrics, "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    lines[3] = {"metrics number": b"5\n", "metrics bytes": b"\xff\xfe\x00\x9c garbage \x01\n",
+                "metrics string step": b'{"step": "20", "train_loss": 4.0}\n'}[how]
+    with open(metrics, "wb") as f:
+        f.writelines(lines)
+    return metrics
+
+
+CORRUPTIONS = ["config truncated", "config empty", "config list", "config folder", "metrics number",
+               "metrics bytes", "metrics string step"]
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+def test_a_corrupt_run_is_left_out_with_one_line_naming_its_file(tmp_path, capsys, how):
+    compare = load_compare()
+    root = str(tmp_path / "runs")
+    for attn in ("sa", "xsa"):
+        for seed in (1, 2):
+            write_run(root, f"{attn}_a_seed{seed}", attn, seed, {5: 4.0, 10: 3.5})
+    bad = corrupt(os.path.join(root, "xsa_a_seed2"), how)
+    runs = compare.find_runs([root])  # scaling reads its runs through find_runs too
+    assert sorted(r.name for r in runs) == ["sa_a_seed1", "sa_a_seed2", "xsa_a_seed1"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"warning: {bad}") and "left out" in err[0]
+    if how.startswith("metrics"):
+        assert "line 4" in err[0]
+
+
+def test_nothing_usable_left_exits_3_in_one_line(tmp_path):
+    root = str(tmp_path / "runs")
+    bad = corrupt(write_run(root, "sa_a_seed1", "sa", 1, {5: 4.0, 10: 3.5}), "config list")
+    proc = run_in_process(["-m", "eval.compare", root, "--out", str(tmp_path / "cmp")])
+    assert proc.returncode == 3
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2 and bad in lines[0] and "no usable runs" in lines[1] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("which", ["missing", "file", "empty glob"])
+def test_a_path_that_is_not_a_directory_of_runs_is_an_error_naming_it(tmp_path, which):
+    root = str(tmp_path / "runs")
+    good = write_run(root, "sa_a_seed1", "sa", 1, {5: 4.0, 10: 3.5})
+    bad = {"missing": str(tmp_path / "typo"), "file": os.path.join(good, "metrics.jsonl"),
+           "empty glob": str(tmp_path / "nothing_*")}[which]
+    proc = run_in_process(["-m", "eval.compare", good, bad, "--out", str(tmp_path / "cmp")])
+    assert proc.returncode == 3
+    [line] = proc.stderr.strip().splitlines()
+    assert bad in line and "Traceback" not in proc.stderr
+    assert not os.path.exists(tmp_path / "cmp" / "compare.md")
+
+
+# -----------------------------------------------------------------------------
+# downstream averages over different task sets are never one curve or one column
+
+
+def write_task_run(root, name, attn_type, seed, tasks_by_step):
+    """A run whose records at steps 10, 20, 30 hold downstream/<task> for the tasks tasks_by_step gives at
+    that step, and their average downstream/avg, as train.py logs them."""
+    path = os.path.join(root, name)
+    os.makedirs(path)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"config": {"wandb_run_name": name, "attn_type": attn_type, "seed": seed, "data_seed": seed,
+                              "n_layer": 2, "downstream_tasks": ",".join(tasks_by_step[10])}}, f)
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        for step in range(1, 31):
+            record = {"step": step, "tokens": 100 * step, "train_loss": 5.0 - 0.01 * step}
+            if step in tasks_by_step:
+                scores = {f"downstream/{t}": 0.1 * len(t) / 10 + 0.01 * seed + 0.001 * step
+                          for t in tasks_by_step[step]}
+                record.update(scores, **{"downstream/avg": statistics.fmean(scores.values())})
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+def test_averages_over_different_task_sets_are_drawn_and_tabulated_apart(tmp_path):
+    """SA evaluated arc_easy and piqa; XSA arc_easy and boolq, and one XSA run was resumed at step 20 with
+    piqa added. Each task set's average is a panel and a column of its own, holding only the steps that
+    averaged that set."""
+    compare = load_compare()
+    root = str(tmp_path / "runs")
+    two, other, three = ("arc_easy", "piqa"), ("arc_easy", "boolq"), ("arc_easy", "boolq", "piqa")
+    paths = {("sa", 1): write_task_run(root, "sa_t_seed1", "sa", 1, {10: two, 20: two, 30: two}),
+             ("xsa", 1): write_task_run(root, "xsa_t_seed1", "xsa", 1, {10: other, 20: other, 30: other}),
+             ("xsa", 2): write_task_run(root, "xsa_t_seed2", "xsa", 2, {10: other, 20: three, 30: three})}
+    runs = compare.find_runs([root])
+    accuracy, _ = compare.in_loop_keys(runs)
+    averages = [k for k in accuracy if "avg" in k]
+    assert averages == ["downstream/avg(arc_easy+boolq)", "downstream/avg(arc_easy+boolq+piqa)",
+                        "downstream/avg(arc_easy+piqa)"]
+    settings = [("t", runs)]
+    _, drawn, legends = compare.plot_in_loop(settings, str(tmp_path))
+    assert "downstream average" not in drawn
+    for tasks in (two, other, three):
+        title = "downstream average of " + ", ".join(tasks)
+        for label, (x, y) in drawn[title].items():
+            attn = label.split()[1].lower()
+            chosen = [path for (a, _), path in paths.items() if a == attn]
+            # each seed's average at the steps that averaged exactly these tasks, and only where all seeds have it
+            per_seed = [{r["step"]: r["downstream/avg"] for r in rows_of(p).values()
+                         if r.get("downstream/avg") is not None
+                         and sorted(k[11:] for k in r if k.startswith("downstream/") and k != "downstream/avg")
+                         == list(tasks)} for p in chosen]
+            per_seed = [d for d in per_seed if d]
+            steps = sorted(set.intersection(*(set(d) for d in per_seed)))
+            assert x == [100 * s for s in steps]
+            assert y == pytest.approx([statistics.fmean(d[s] for d in per_seed) for s in steps])
+        assert legends[title] == list(drawn[title])
+    markdown = compare.in_loop_markdown(settings)
+    table = {r["run"]: r for r in table_rows(markdown, "| run | setting | variant | seed |")}
+    assert "avg" not in table["sa_t_seed1"]
+    assert table["xsa_t_seed2"]["avg(arc_easy+boolq+piqa)"].endswith("(30)")
+    assert table["xsa_t_seed2"]["avg(arc_easy+boolq)"].endswith("(10)")
+    assert table["sa_t_seed1"]["avg(arc_easy+boolq)"] == "–"
+    assert "3 different sets of downstream tasks" in markdown
+
+
+def test_compare_md_states_the_measured_coverage_of_its_intervals(runs, tmp_path):
+    """Below the table of differences: the t interval's coverage measured by simulation, skewed differences'
+    shortfall included, and the warning that fewer than 5 pairs cannot show skew."""
+    compare = load_compare()
+    markdown = compare_markdown(str(tmp_path / "cmp"), os.path.join(runs, "*"))
+    note = next(line for line in markdown.splitlines() if line.startswith("How well the 95% intervals cover"))
+    for kind in ("exponential", "lognormal"):
+        assert f"{100 * compare.T_COVERAGE[3][kind]:.0f}%" in note
+    assert "fewer than 5 pairs (3 here)" in note  # lr1e-3 has 3 pairs, lr2e-3 has 5
