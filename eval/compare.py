@@ -667,8 +667,8 @@ def in_loop_markdown(settings):
             lines.append(f"| {run.name} | {label} | {run.label} | {run.seed} | " + " | ".join(cells) + " |")
     averages = [k for k in accuracy if k.startswith(AVG + "(")]
     if averages:
-        lines += ["", f"These runs averaged {len(averages)} different sets of downstream tasks (their downstream_tasks, "
-                      "or a resume that changed them): each set's average is a column and a panel of its own, "
+        lines += ["", f"These runs averaged {len(averages)} different sets of downstream tasks (their "
+                      "downstream_tasks, or a resume that changed them): each set's average is a column and a panel of its own, "
                       + ", ".join(name for key, name in zip(keys, names) if key in averages) + "."]
     seeds = {n for _, setting_runs in settings for n in collections.Counter(r.variant for r in setting_runs).values()
              if n > 1}

@@ -389,7 +389,8 @@ def test_non_finite_values_are_named_in_one_warning_and_left_out(tmp_path):
     sa = {1: 3.50, 2: 3.52, 3: 3.47}
     xsa = {1: 3.46, 2: 3.50, 3: 3.45}
     for seed in (1, 2, 3):
-        write_run(root, f"sa_a_seed{seed}", "sa", seed, {50: sa[seed] + 0.2, 100: float("nan") if seed < 3 else sa[seed]})
+        final = float("nan") if seed < 3 else sa[seed]
+        write_run(root, f"sa_a_seed{seed}", "sa", seed, {50: sa[seed] + 0.2, 100: final})
         write_run(root, f"xsa_a_seed{seed}", "xsa", seed, {50: xsa[seed] + 0.1, 100: xsa[seed]})
     path = os.path.join(root, "xsa_a_seed3", "metrics.jsonl")
     with open(path) as f:

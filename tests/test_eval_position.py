@@ -265,3 +265,22 @@ def test_cli_by_document_reports_buckets_counts_and_intervals(trained_runs, data
         assert difference["ci"] is None and "[" not in proc.stdout.splitlines()[-3]
     assert "| position in document | tokens | documents | SA | XSA | XSA - SA [95% CI] |" in proc.stdout
     assert (tmp_path / "position_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_table_says_where_a_bucket_has_2_documents_only():
+    """With 2 documents the document interval covers less than 95% (tests/test_interval_coverage.py): the table
+    names those buckets and the measured coverage, and says nothing where every bucket has more."""
+    from eval.position_loss import DOCUMENT_COVERAGE, format_document_table
+
+    def results(counts):
+        buckets = [{"start": s, "end": e, "tokens": 100, "documents": n, "loss": 3.0}
+                   for (s, e), n in zip([(1, 64), (64, 256)], counts)]
+        differences = [{"start": b["start"], "end": b["end"], "difference": -0.1, "ci": (-0.2, 0.0),
+                        "documents": b["documents"], "df": 1.0} for b in buckets]
+        return {"SA": {"buckets": buckets, "mean": 3.0},
+                "XSA": {"buckets": buckets, "mean": 2.9, "differences": differences}}
+
+    table = format_document_table(results([9, 2]))
+    note = table.splitlines()[-1]
+    assert "Bucket 64-255: 2 documents only" in note and f"{100 * DOCUMENT_COVERAGE[2]:.0f}%" in note
+    assert "documents only" not in format_document_table(results([9, 3]))
