@@ -16,7 +16,13 @@ and the BOOKKEEPING_KEYS (where and how a run was logged: out_dir, wandb names, 
 Within a setting SA is the baseline, and every other variant is compared with it: a run of that
 variant and an SA run with the same seeds form a pair (same initialisation, same batches). Each pair
 is compared at the last step both evaluated. With several pairs the table gives the mean, the
-standard deviation and a 95% confidence interval (Student t) of the paired difference.
+standard deviation and a 95% confidence interval (Student t) of the paired difference, and a note of what
+that interval's coverage, measured by simulation (T_COVERAGE), is worth: it falls short for skewed differences.
+
+find_runs checks what it reads (eval/scaling.py reads its runs through it too): a non-finite value in
+metrics.jsonl (a skipped step: NaN, Infinity) is left out and named in a warning line; a run whose config.json
+or metrics.jsonl cannot be read is left out with a warning line naming the file; a path that does not exist is
+an error in one line (exit status 3), and so is nothing usable left.
 
 In the plot a setting has one colour and a variant one line style (SA dashed, XSA solid, gated XSA
 dotted); several seeds are drawn thin with their mean bold. A third panel shows each variant's
@@ -25,7 +31,8 @@ paired validation-loss difference from SA over training. --val_metric=val_bpb co
 Runs that evaluated in the loop (train.py's downstream_interval, similarity_interval) also get in_loop.png:
 the downstream average and each task's accuracy against tokens, the mean cos(y_i, v_i) against tokens and
 cos(y_i, v_i) by layer at the last step (the paper's Figure 1), several seeds as their mean with a 95%
-interval; and a table of each run's last values in compare.md.
+interval; and a table of each run's last values in compare.md. Averages over different task sets (other
+downstream_tasks, or a resume that changed them) are drawn and tabulated apart, each named by its tasks.
 """
 
 import sys
