@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from configurator import ConfigError
+from eval.common import TokenizerUnavailable, gpt2_encoding
 from eval.downstream import InLoopDownstream
 from eval.similarity import in_loop_record as similarity_record
 from model import GPT
@@ -63,10 +64,9 @@ def token_bytes(vocab_size, log):
     per byte count neither their loss nor their bytes. None, with a line in the log, where the encoding
     cannot be loaded (offline without tiktoken's cache): the run then logs no val_bpb."""
     try:
-        import tiktoken
-        enc = tiktoken.get_encoding("gpt2")
-    except Exception as e:
-        log.print(f"val_bpb is not logged: GPT-2's encoding could not be loaded ({exits.one_line(e)})")
+        enc = gpt2_encoding()
+    except TokenizerUnavailable as e:
+        log.print(f"val_bpb is not logged: {e}")
         return None
     counts = torch.zeros(vocab_size, dtype=torch.int16)
     for token in range(min(vocab_size, enc.n_vocab)):
@@ -111,8 +111,7 @@ def evaluate(model, val_x, val_y, runtime, batch_size, dtype, val_bytes=None):
 def sample_text(model, runtime, dtype, seed, max_new_tokens=64):
     """A continuation of the end-of-text token, drawn with its own seed: the training RNG is untouched.
     Every rank samples (FSDP's forward is collective); the text is only printed by rank 0."""
-    import tiktoken
-    enc = tiktoken.get_encoding("gpt2")
+    enc = gpt2_encoding()
     model.eval()
     with torch.random.fork_rng(devices=[runtime.device] if runtime.device_type == "cuda" else []):
         torch.manual_seed(seed)
@@ -195,6 +194,43 @@ def build_model(c, runtime, dtype):
     return raw_model, model, train_model, build_optimizer(raw_model, c, runtime.device_type)
 
 
+def check_in_loop_passes(c, runtime):
+    """What the in-loop passes need, checked before the model is built and anything is written: GPT-2's encoding
+    (downstream scoring and samples; TrainingStopped, exit 3, where it cannot be loaded), and the downstream tasks,
+    loaded and checked (InLoopDownstream: an unknown task, one with no accuracy or a continuation longer than
+    block_size is a ConfigError, exit 2; unreadable data exits 3). Returns the InLoopDownstream, or None.
+    Under torchrun the processes then agree: where one failed, every one ends with its status, so that none
+    is left waiting in a collective for it."""
+    downstream, problem, status = None, None, 0
+    try:
+        if c.downstream_interval or c.sample_interval:
+            try:
+                gpt2_encoding()
+            except TokenizerUnavailable as e:
+                uses = [what for what, interval in (("downstream_interval", c.downstream_interval),
+                                                    ("sample_interval", c.sample_interval)) if interval]
+                raise TrainingStopped(f"{e}; or set {' and '.join(f'{u}=0' for u in uses)}") from None
+        if c.downstream_interval:
+            downstream = InLoopDownstream(c.downstream_tasks, c.downstream_limit, c.downstream_include_path, runtime,
+                                          c.block_size)
+    except ConfigError as e:
+        problem, status = e, exits.CONFIG_ERROR
+    except TrainingStopped as e:
+        problem, status = e, exits.STOPPED
+    except SystemExit as e:  # load_tasks: one line said, exits.fail's status
+        problem = exits.Reported(e.code if isinstance(e.code, int) else exits.STOPPED)
+        status = problem.status
+    if runtime.distributed:
+        verdict = torch.tensor([status], device=runtime.device)
+        dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
+        if problem is None and verdict.item():
+            problem = (ConfigError if verdict.item() == exits.CONFIG_ERROR else TrainingStopped)(
+                "another process failed the checks before step 1 (its line says why)")
+    if problem is not None:
+        raise problem
+    return downstream
+
+
 def setup(c, runtime, log, stop_signals, run_provenance):
     """Data, model, parallelism, optimizer, guards and checkpointer for the run described by c."""
     dtype = resolve_dtype(c.dtype, runtime.device_type)
@@ -210,9 +246,7 @@ def setup(c, runtime, log, stop_signals, run_provenance):
     val_x, val_y = val_sequences(c.data_dir, c.block_size, c.val_tokens, c.vocab_size)
     byte_counts = token_bytes(c.vocab_size, log)
     val_bytes = None if byte_counts is None else byte_counts[val_y]
-    # before the model: a task that is unknown, or whose data cannot be read, stops the run before it starts
-    downstream = (InLoopDownstream(c.downstream_tasks, c.downstream_limit, c.downstream_include_path, runtime)
-                  if c.downstream_interval else None)
+    downstream = check_in_loop_passes(c, runtime)
     raw_model, model, train_model, optimizer = build_model(c, runtime, dtype)
     checkpointer = Checkpointer(c.out_dir, c.keep_checkpoints, raw_model, optimizer, loader, runtime,
                                 sharded=is_sharded(raw_model), config=c.to_dict(), provenance=run_provenance)
@@ -254,8 +288,16 @@ def resume(c, run, runtime, log):
                   f"-> {c.max_iters}, lr_decay_iters {before.lr_decay_iters} -> {c.lr_decay_iters}): at step "
                   f"{step} the learning rate jumps from {lr_at(step, before):.3e} to {lr_at(step, c):.3e}. To extend "
                   f"a run on its old schedule, pass --lr_decay_iters={before.lr_decay_iters or before.max_iters}")
+    if (tasks_then := in_loop_tasks(before)) != (tasks_now := in_loop_tasks(c)) and c.downstream_interval:
+        log.print(f"warning: the downstream tasks differ from the checkpoint's ({', '.join(tasks_then) or 'none'} -> "
+                  f"{', '.join(tasks_now)}): downstream/avg after step {step} averages other tasks than before it")
     log.print(f"resuming from {path} at step {step}")
     return state
+
+
+def in_loop_tasks(c):
+    """The downstream tasks config c evaluates in the loop, sorted (none where downstream_interval is 0)."""
+    return sorted(c.downstream_tasks.replace(",", " ").split()) if c.downstream_interval else []
 
 
 @dataclass
@@ -319,24 +361,49 @@ class Pace:
             self.meter.start()
 
 
-def measure(c, run, runtime, plan):
-    """This step's evaluations, as plan says: val_loss and val_bpb, the similarity bias (similarity/...) and
-    the downstream accuracies (downstream/...), with the seconds each took (for the log only)."""
-    measured, seconds = {}, {}
-    if plan.evaluate:
+def validate(c, run, runtime, plan):
+    """This step's validation, as plan says: {"val_loss", "val_bpb"} (or {}), before its checkpoint, which keeps the
+    best val_loss; with the seconds it took (for the log only)."""
+    if not plan.evaluate:
+        return {}, {}
+    started = time.perf_counter()
+    val_loss, val_bpb = evaluate(run.model, run.val_x, run.val_y, runtime, c.batch_size, run.dtype, run.val_bytes)
+    return {"val_loss": val_loss, "val_bpb": val_bpb}, {"val": time.perf_counter() - started}
+
+
+def in_loop_passes(c, run, runtime, plan, step, measured, seconds):
+    """This step's in-loop passes, as plan says, after its checkpoint: the similarity bias (similarity/...) and the
+    downstream accuracies (downstream/...) into measured, the seconds each took into seconds. Returns None, or
+    the InLoopFailure that ends the run (exit 3: a relaunch would fail the same way) where a pass raised. Every process runs the same passes (their exceptions are raised on every
+    one: InLoopDownstream shares the main process's failure to read lm-eval's results)."""
+    passes = [("similarity", plan.similarity,  # on the eager model: its hooks read each block's attention input
+               lambda: similarity_record(run.raw_model, run.val_x[:c.batch_size], runtime, run.dtype)),
+              ("downstream", plan.downstream, lambda: run.downstream(run.raw_model, runtime, run.dtype, c.batch_size))]
+    for name, due, measure in passes:
+        if not due:
+            continue
         started = time.perf_counter()
-        measured["val_loss"], measured["val_bpb"] = evaluate(run.model, run.val_x, run.val_y, runtime, c.batch_size,
-                                                             run.dtype, run.val_bytes)
-        seconds["val"] = time.perf_counter() - started
-    if plan.similarity:  # on the eager model: its hooks read each block's attention input
-        started = time.perf_counter()
-        measured.update(similarity_record(run.raw_model, run.val_x[:c.batch_size], runtime, run.dtype))
-        seconds["similarity"] = time.perf_counter() - started
-    if plan.downstream:
-        started = time.perf_counter()
-        measured.update(run.downstream(run.raw_model, runtime, run.dtype, c.batch_size))
-        seconds["downstream"] = time.perf_counter() - started
-    return measured, seconds
+        try:
+            measured.update(measure())
+        except Exception as e:
+            return InLoopFailure(name, step, e)
+        seconds[name] = time.perf_counter() - started
+    return None
+
+
+class InLoopFailure(TrainingStopped):
+    """An in-loop pass (similarity, downstream, sample) that raised at a step: the run ends with exit status 3, in
+    one line naming the pass and the step, after the step's checkpoint."""
+
+    def __init__(self, name, step, e):
+        super().__init__(f"the in-loop {name} pass failed at step {step} ({exits.one_line(e)})")
+        self.name, self.step = name, step
+
+    def after(self, checkpoint):
+        """The line to end with, once checkpoint (a path, or None: none was written) is."""
+        kept = f"step {self.step} is checkpointed ({checkpoint})" if checkpoint else "no checkpoint of this step"
+        return TrainingStopped(f"{self.args[0]}; {kept}; fix its cause, or turn the pass off "
+                               f"({self.name}_interval=0), and continue with --init_from=resume")
 
 
 def log_step(log, c, step, lr, result, pace, measured, seconds):
@@ -368,14 +435,15 @@ def log_step(log, c, step, lr, result, pace, measured, seconds):
 
 
 def write_step_checkpoint(run, state, loader_position, result, val_loss, c, log):
-    """The checkpoint of this step, unless its loss spiked; a failed write or a non-finite state stops the run."""
+    """The checkpoint of this step (its path), unless its loss spiked (None); a failed write or a non-finite state
+    stops the run."""
     if result.spike:
         if state.step == c.max_iters:  # done, but without a final state worth keeping: not a finished run
             raise TrainingStopped(f"the last step's train loss spiked ({result.loss:.4g}): no final checkpoint "
                                   f"was written; resume from the newest checkpoint in {c.out_dir}, with a lower "
                                   f"learning_rate if it spikes again")
         log.print(f"step {state.step}: no checkpoint of this state (a spike)")
-        return
+        return None
     state.guards = run.guards.state_dict()
     try:
         path = run.checkpointer.save(state, loader_position, val_loss=val_loss)
@@ -384,6 +452,7 @@ def write_step_checkpoint(run, state, loader_position, result, val_loss, c, log)
     except OSError as e:
         raise TrainingStopped(f"checkpoint write failed at step {state.step}: {e}") from e
     log.print(f"saved checkpoint {path}")
+    return path
 
 
 def train_loop(c, run, runtime, log, state):
@@ -421,17 +490,28 @@ def train_loop(c, run, runtime, log, state):
         if result.failure:
             raise TrainingStopped(result.failure)
         pace.step_done(c.total_batch_size, timed=not (plan.log or plan.checkpoint or plan.sample))
-        measured, seconds = measure(c, run, runtime, plan)
+        measured, seconds = validate(c, run, runtime, plan)
         val_loss = measured.get("val_loss")
         if val_loss is not None:
             state.best_val_loss = min(state.best_val_loss, val_loss)
-        if plan.log:
-            log_step(log, c, step, lr, result, pace, measured, seconds)
-        if plan.sample:
-            log.print(f"step {step} sample: {sample_text(run.raw_model, runtime, run.dtype, seed=c.seed + step)!r}")
-        if plan.checkpoint:
+        checkpoint = None
+        if plan.checkpoint:  # before the in-loop passes: a failure in one of them never costs the step's training
             state.elapsed_s = pace.elapsed()
-            write_step_checkpoint(run, state, loader_position, result, val_loss, c, log)
+            checkpoint = write_step_checkpoint(run, state, loader_position, result, val_loss, c, log)
+        failure = in_loop_passes(c, run, runtime, plan, step, measured, seconds)
+        if plan.log or failure:  # the step's record, with what it measured
+            log_step(log, c, step, lr, result, pace, measured, seconds)
+        if plan.sample and not failure:
+            try:
+                text = sample_text(run.raw_model, runtime, run.dtype, seed=c.seed + step)
+                log.print(f"step {step} sample: {text!r}")
+            except Exception as e:
+                failure = InLoopFailure("sample", step, e)
+        if failure:  # the training so far is kept: this step is checkpointed if it was not yet
+            if not plan.checkpoint:
+                state.elapsed_s = pace.elapsed()
+                checkpoint = write_step_checkpoint(run, state, loader_position, result, val_loss, c, log)
+            raise failure.after(checkpoint)
         if plan.stop:
             run.checkpointer.finish(state)
             log.print(f"stopped by {signal.Signals(result.stop_signal).name} after step {step}; "
@@ -503,6 +583,8 @@ def run(argv):
     status = None  # stays None when an exception escapes: no barrier then, the other ranks may never reach it
     try:
         status = train(c, runtime, log, stop_signals)
+    except exits.Reported as e:  # its line is already on stderr
+        status = e.status
     except ConfigError as e:  # found only once the world size or out_dir is known
         status = exits.error(f"[rank {runtime.rank}] config error: {e}", exits.CONFIG_ERROR)
     except (TrainingStopped, ValueError, FileNotFoundError, PermissionError, NotADirectoryError) as e:

@@ -1,7 +1,7 @@
 """
 What the scripts in eval/ share: their common command-line flags (checkpoints and --labels,
---data_dir, --device, --dtype, --out, --quiet), progress bars, writing results and plots, and
-the validation sequences (a checkpoint's model loads with pretrain/checkpointer.py's load_model_or_exit).
+--data_dir, --device, --dtype, --out, --quiet), progress bars, writing results and plots, GPT-2's
+encoding (also train.py's, for its in-loop passes), and the validation sequences (a checkpoint's model loads with pretrain/checkpointer.py's load_model_or_exit).
 Whatever cannot be read or written ends a script with one line on stderr naming it, and exit status 3
 (exits.fail), instead of a traceback.
 """
@@ -139,6 +139,34 @@ def save_figure(fig, out, name):
     finally:
         plt.close(fig)
     return path
+
+
+# -----------------------------------------------------------------------------
+# GPT-2's encoding, which tiktoken downloads on first use
+
+
+class TokenizerUnavailable(RuntimeError):
+    """GPT-2's encoding cannot be loaded here (offline, with nothing in tiktoken's cache); the message is one line."""
+
+
+def gpt2_encoding():
+    """tiktoken's gpt2 encoding (the shards' tokenizer), or TokenizerUnavailable saying why and what to do."""
+    try:
+        import tiktoken
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # requests' errors offline, a missing package, a torn cache file
+        cache = os.environ.get("TIKTOKEN_CACHE_DIR") or "tiktoken's default cache"
+        raise TokenizerUnavailable(f"cannot load GPT-2's encoding (tiktoken's gpt2: {exits.one_line(e, sentence=True)}; "
+                                   f"cache: {cache}); offline, point TIKTOKEN_CACHE_DIR at a folder holding "
+                                   f"tiktoken's cached gpt2 files") from None
+
+
+def gpt2_encoding_or_exit():
+    """gpt2_encoding(), or the script ends in one line with exit status 3."""
+    try:
+        return gpt2_encoding()
+    except TokenizerUnavailable as e:
+        exits.fail(str(e))
 
 
 # -----------------------------------------------------------------------------

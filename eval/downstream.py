@@ -30,8 +30,8 @@ import json
 import math
 import os
 import re
+from types import SimpleNamespace
 
-import tiktoken
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -84,7 +84,7 @@ def make_adapter_class():
             self.forward_tokens = 0  # positions run through the model, padding included (scripts/bench.py)
             self._device = torch.device(device)
             self.device_type = self._device.type
-            self.enc = tiktoken.get_encoding("gpt2")
+            self.enc = common.gpt2_encoding()
             self.max_length = model.config.block_size
 
         @property
@@ -229,10 +229,20 @@ def score(adapter, tasks, limit, task_manager, bootstrap_iters):
                            task_manager=task_manager, bootstrap_iters=bootstrap_iters, log_samples=False)
 
 
+def headline_metric(task, metric_names):
+    """The name of a task's headline metric among metric_names (what it reports): the paper's for its 8 tasks
+    (TASKS), else acc_norm where the task reports it, else acc; None where it reports none of these (a
+    perplexity-only task)."""
+    wanted = [TASKS[task][1]] if task in TASKS else ["acc_norm", "acc"]
+    return next((metric for metric in wanted if metric in metric_names), None)
+
+
 def headline(task, metrics):
-    """(metric name, value as a fraction) of a task's headline metric in lm-eval's results: the paper's
-    for its 8 tasks (TASKS), else acc_norm where the task reports it, else acc."""
-    metric = TASKS[task][1] if task in TASKS else "acc_norm" if "acc_norm,none" in metrics else "acc"
+    """(metric name, value as a fraction) of a task's headline metric in lm-eval's results (metrics: the task's
+    entry, {"acc,none": ...}); KeyError naming the task where it reports no headline metric."""
+    metric = headline_metric(task, {name.split(",")[0] for name in metrics})
+    if metric is None:
+        raise KeyError(f"task {task} reports no acc or acc_norm (it reports {', '.join(sorted(metrics))})")
     return metric, metrics[f"{metric},none"]
 
 
@@ -273,9 +283,11 @@ class InLoopDownstream:
     every time, with the requests split across the processes. Its accuracy at a step is this script's
     with --limit on the checkpoint of that step, example for example."""
 
-    def __init__(self, tasks, limit, include_path, runtime):
-        """tasks: comma-separated lm-eval names. ConfigError for an unknown task or a missing lm-eval;
-        data that cannot be read (no Hub, a broken local file) exits in one line with status 3 (load_tasks)."""
+    def __init__(self, tasks, limit, include_path, runtime, block_size):
+        """tasks: comma-separated lm-eval names (train_config refuses a repeated one). ConfigError for an unknown
+        task, a missing lm-eval, a task with no accuracy to log or whose examples do not fit block_size
+        (check_in_loop_tasks); data that cannot be read (no Hub, a broken local file) exits in one line with status 3
+        (load_tasks). Under torchrun every process ends the same way: each one loads and checks the tasks."""
         try:
             from lm_eval.tasks import TaskManager
         except ImportError:
@@ -289,13 +301,18 @@ class InLoopDownstream:
             if name not in self.task_manager.task_index:
                 where = "downstream_include_path does not define it" if include_path else "lm-eval does not define it"
                 raise ConfigError(unknown_task(name, self.task_manager, where))
+        import datasets
+        datasets.disable_progress_bars()  # its bars for preparing the tasks' data: noise in a training log
         if runtime.distributed and not runtime.is_main:
             dist.barrier()  # the main process fills the datasets cache, the others then read it
-        self.tasks = load_tasks(self.task_manager, self.names)
+        try:
+            self.tasks = load_tasks(self.task_manager, self.names)
+        finally:  # also when it fails: the others then fail on their own, instead of waiting here
+            if runtime.distributed and runtime.is_main:
+                dist.barrier()
         for task in self.tasks:  # zero-shot, as evaluate_model asks (lm-eval warns when it changes a task's setting)
             task.set_config(key="num_fewshot", value=0)
-        if runtime.distributed and runtime.is_main:
-            dist.barrier()
+        check_in_loop_tasks(self.tasks, self.names, limit, block_size)
 
     def __call__(self, model, runtime, dtype, batch_size):
         """{"downstream/<task>": headline metric, a fraction; "downstream/avg": their mean}, on every process."""
@@ -307,15 +324,60 @@ class InLoopDownstream:
             results = score(adapter, self.tasks, self.limit, self.task_manager, bootstrap_iters=0)
         model.train()
         self.forward_tokens = adapter.forward_tokens  # this process's, for scripts/bench.py
+        # lm-eval returns the results on the processes with LOCAL_RANK 0 only: the main one's, sent to all, with
+        # whether it could read them (last), so that a failure there ends every process, not the main one alone
+        scores = torch.full((len(self.names) + 1,), math.nan, dtype=torch.float64)
+        problem = None
         if results:
-            self.examples = sum(results["n-samples"][task]["effective"] for task in self.names)
-        # lm-eval returns the results on the processes with LOCAL_RANK 0 only: the main one's, sent to all
-        scores = torch.tensor([headline(task, results["results"][task])[1] if results else math.nan
-                               for task in self.names], dtype=torch.float64, device=runtime.device)
+            try:
+                self.examples = sum(results["n-samples"][task]["effective"] for task in set(self.names))  # each once
+                scores[:-1] = torch.tensor([headline(task, results["results"][task])[1] for task in self.names],
+                                           dtype=torch.float64)
+                scores[-1] = 0
+            except Exception as e:
+                problem = e
+        scores = scores.to(runtime.device)
         if runtime.distributed:
             dist.broadcast(scores, src=0)
+        if problem is not None:
+            raise problem
+        if scores[-1].item() != 0:
+            raise RuntimeError("the main process could not read lm-eval's results (its error says why)")
+        scores = scores[:-1]
         record = {f"downstream/{task}": value for task, value in zip(self.names, scores.tolist())}
         return dict(record, **{"downstream/avg": scores.mean().item()})
+
+
+def check_in_loop_tasks(tasks, names, limit, block_size):
+    """ConfigError unless every task can be scored in the loop: it scores log-likelihoods (multiple choice, or a
+    loglikelihood task like LAMBADA), it reports a headline accuracy (acc or acc_norm, as the paper's 8 do: a
+    perplexity-only task has none) and every continuation of its first `limit` examples fits block_size
+    tokens (a context is cut from the left to fit; a continuation is scored whole)."""
+    adapter = make_adapter_class()(SimpleNamespace(config=SimpleNamespace(block_size=block_size)))
+    for name, task in zip(names, tasks):
+        if task.OUTPUT_TYPE not in ("loglikelihood", "multiple_choice"):
+            raise ConfigError(f"task {name} is a {task.OUTPUT_TYPE} task: the in-loop evaluation logs the accuracy "
+                              f"of loglikelihood and multiple_choice tasks; drop it from downstream_tasks")
+        metrics = sorted(task.higher_is_better())
+        if headline_metric(name, metrics) is None:
+            wanted = TASKS[name][1] if name in TASKS else "acc or acc_norm"
+            raise ConfigError(f"task {name} reports no {wanted} (its metrics: {', '.join(metrics) or 'none'}): the "
+                              f"in-loop evaluation logs one accuracy per task; drop it from downstream_tasks")
+        with bars_dropped():
+            task.build_all_requests(limit=limit)
+        longest = max((len(continuation_tokens(adapter, *instance.args)) for instance in task.instances), default=0)
+        if longest > block_size:
+            raise ConfigError(f"task {name} has a continuation of {longest} tokens in its first {limit} examples, "
+                              f"longer than block_size {block_size}: a continuation is scored whole; raise "
+                              f"block_size or drop {name} from downstream_tasks")
+
+
+def continuation_tokens(adapter, context, continuation):
+    """The tokens of a request's continuation as lm-eval's TemplateLM.loglikelihood makes them for adapter."""
+    if context == "":
+        tokens = adapter.tok_encode(continuation)
+        return tokens[1:] if tokens[:1] == [adapter.prefix_token_id] else tokens
+    return adapter._encode_pair(context, continuation)[1]
 
 
 # -----------------------------------------------------------------------------
@@ -474,21 +536,36 @@ def load_tasks(task_manager, names):
     return tasks
 
 
+def column(task):
+    """A task's column in the table: the paper's name for its 8 tasks, else the task's own."""
+    return TASKS[task][0] if task in TASKS else task
+
+
 def headline_row(results):
-    """{column: headline metric in percent} for the paper's tasks present in lm-eval's results,
-    plus "avg" when all 8 are there (the paper's avg is the plain mean of the 8 columns)."""
+    """{column: headline metric in percent} for the tasks in lm-eval's results that report one (a perplexity-only
+    task has none), plus "avg" when the paper's 8 are all there (the paper's avg is the plain mean of its 8
+    columns)."""
     row = {}
-    for task, (column, metric) in TASKS.items():
-        if task in results:
-            row[column] = 100 * results[task][f"{metric},none"]
-    if len(row) == len(TASKS):
-        row["avg"] = sum(row.values()) / len(row)
+    for task, metrics in results.items():
+        metric = headline_metric(task, {name.split(",")[0] for name in metrics})
+        if metric is not None and f"{metric},none" in metrics:
+            row[column(task)] = 100 * metrics[f"{metric},none"]
+    paper = [row[c] for c, _ in TASKS.values() if c in row]
+    if len(paper) == len(TASKS):
+        row["avg"] = sum(paper) / len(paper)
     return row
 
 
-def format_table(rows):
-    """rows: {label: {column: percent}} -> a markdown table in the paper's layout."""
-    columns = [column for column, _ in TASKS.values()] + ["avg"]
+def table_columns(names, paper=False):
+    """The table's columns for the tasks asked for (names): the paper's among them in its order (all 8 with
+    paper, the paper's rows beside ours), then the others in the order asked, then avg (the paper's 8)."""
+    columns = [c for task, (c, _) in TASKS.items() if paper or task in names]
+    columns += [column(task) for task in dict.fromkeys(names) if task not in TASKS]
+    return columns + (["avg"] if paper or all(task in names for task in TASKS) else [])
+
+
+def format_table(rows, columns):
+    """rows: {label: {column: percent}} -> a markdown table with these columns (table_columns)."""
     lines = ["| model | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for label, row in rows.items():
         cells = [f"{row[c]:+.2f}" if label.startswith("delta") and c in row else
@@ -531,6 +608,7 @@ def main():
         parser.error(f"--include_path {args.include_path}: no such directory")
     device, dtype = common.device_and_dtype(parser, args)
     out = common.output_dir(args.out)
+    common.gpt2_encoding_or_exit()  # the adapter's tokenizer, before the tasks and models load
 
     try:
         from lm_eval.tasks import TaskManager
@@ -561,9 +639,9 @@ def main():
         rows[f"delta {b} - {a}"] = {c: row_b[c] - row_a[c] for c in row_b if c in row_a}
     shown = dict(rows)
     if args.paper:
-        columns = [column for column, _ in TASKS.values()] + ["avg"]
+        columns = [c for c, _ in TASKS.values()] + ["avg"]
         shown.update({label: dict(zip(columns, values)) for label, values in PAPER_TABLE2.items()})
-    table = format_table(shown)
+    table = format_table(shown, table_columns(names, args.paper))
     print(table)
 
     path = common.write_text(out, "downstream.json", json.dumps(

@@ -16,7 +16,6 @@ if not __package__:  # run as a file, where the repo's imports fail: say how to 
 
 import time
 
-import tiktoken
 import torch
 
 from eval import common
@@ -40,7 +39,7 @@ def main():
     device, dtype = common.device_and_dtype(parser, args)
     torch.manual_seed(args.seed)
     model, config = checkpointer.load_model_or_exit(args.checkpoint, device)
-    enc = tiktoken.get_encoding("gpt2")
+    enc = common.gpt2_encoding_or_exit()  # offline with nothing in tiktoken's cache: one line, exit 3
     start = args.start
     if start.startswith("FILE:"):
         try:

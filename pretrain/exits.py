@@ -25,6 +25,15 @@ class TrainingStopped(RuntimeError):
     """A condition under which continuing a run would waste compute or corrupt it: train.py ends with STOPPED."""
 
 
+class Reported(Exception):
+    """An error whose one line is already on stderr (exits.fail inside a check that train.py runs): the run ends
+    with status, saying nothing more."""
+
+    def __init__(self, status):
+        super().__init__(f"exit status {status}")
+        self.status = status
+
+
 def one_line(e, sentence=False):
     """An exception as 'Type: first line' (a warning or a message: its first line alone), the libraries'
     own messages running to paragraphs; with sentence, cut to the first sentence (torch appends advice)."""

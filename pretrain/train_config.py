@@ -57,8 +57,12 @@ def an_existing_directory(name, value):
 
 
 def task_list(name, value):
-    if not [task for task in value.replace(",", " ").split()]:
+    tasks = value.replace(",", " ").split()
+    if not tasks:
         return f"{name} names no task; give lm-eval task names, comma separated"
+    repeated = sorted({task for task in tasks if tasks.count(task) > 1})
+    if repeated:  # downstream/avg would count it twice
+        return f"{name} names {', '.join(repeated)} more than once; give each task once"
 
 
 @dataclass

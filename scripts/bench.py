@@ -211,7 +211,8 @@ def in_loop_cost(c, model, runtime, dtype, step_seconds, tokens_per_step):
         in_loop_record(model, batch, runtime, dtype)
         similarity_times.append(time.perf_counter() - started)
     similarity_s = statistics.median(similarity_times)
-    downstream = InLoopDownstream(c.downstream_tasks, c.downstream_limit, c.downstream_include_path, runtime)
+    downstream = InLoopDownstream(c.downstream_tasks, c.downstream_limit, c.downstream_include_path, runtime,
+                                  c.block_size)
     for _ in range(2):
         started = time.perf_counter()
         downstream(model, runtime, dtype, c.batch_size)
@@ -234,7 +235,7 @@ def in_loop_cost(c, model, runtime, dtype, step_seconds, tokens_per_step):
     for path in PAPER_CONFIGS:
         with working_dir(REPO):  # config files, and those they exec, are named from the repo root
             paper = train_config.resolve([path])[0]
-        examples = len(paper.downstream_tasks.split(",")) * paper.downstream_limit
+        examples = len(set(paper.downstream_tasks.split(","))) * paper.downstream_limit  # each task once
         shares = flop_shares(paper, per_example * examples)
         report["paper"][path] = {"downstream_flop_share": shares[0], "similarity_flop_share": shares[1]}
         print(f"  {path}: downstream {examples} examples every {paper.downstream_interval} steps: "

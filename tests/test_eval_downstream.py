@@ -180,6 +180,26 @@ def test_paper_table_averages_are_the_mean_of_the_eight_tasks():
         assert sum(values[:-1]) / len(TASKS) == pytest.approx(values[-1], abs=0.006), label
 
 
+def test_the_table_shows_the_tasks_asked_for():
+    """Tasks beyond the paper's 8 (a local task under another name, MMLU, a user's own) get columns of their own,
+    beside those of the paper's tasks asked for; before, they were scored into downstream.json while the table
+    showed the paper's 8 columns, all "-". A task with no accuracy (perplexity only) shows "-"."""
+    from eval.downstream import format_table, headline_row, table_columns
+    names = ["piqa", "mmlu", "my_task", "lambada_ppl"]
+    results = {"piqa": {"acc,none": 0.6, "acc_norm,none": 0.625}, "mmlu": {"acc,none": 0.25},
+               "my_task": {"acc,none": 0.5, "acc_norm,none": 0.75}, "lambada_ppl": {"perplexity,none": 30.0}}
+    row = headline_row(results)
+    assert row == {"PIQA": 62.5, "mmlu": 25.0, "my_task": 75.0}  # acc_norm where a task reports it
+    columns = table_columns(names)
+    assert columns == ["PIQA", "mmlu", "my_task", "lambada_ppl"]
+    lines = format_table({"model": row}, columns).splitlines()
+    assert lines[0] == "| model | PIQA | mmlu | my_task | lambada_ppl |"
+    assert lines[2] == "| model | 62.50 | 25.00 | 75.00 | - |"
+    # the paper's 8: its columns in its order, and its avg; with --paper, all 8 beside any other task
+    assert table_columns(list(reversed(TASKS))) == [column for column, _ in TASKS.values()] + ["avg"]
+    assert table_columns(["mmlu"], paper=True) == [column for column, _ in TASKS.values()] + ["mmlu", "avg"]
+
+
 # -----------------------------------------------------------------------------
 # the real task definitions on local fixtures
 
