@@ -121,9 +121,10 @@ def coverage_note(pairs):
 def band_note(seeds):
     """What the shaded band of in_loop.png is worth, for the numbers of seeds it is over."""
     return (f"The shaded band in in_loop.png is, at each point, the 95% Student t interval over the seeds' values "
-            f"({'/'.join(map(str, sorted(seeds)))} seeds): pointwise, not for the whole curve. Its measured "
-            f"coverage is that of the table's interval (above) for roughly normal values, and for accuracies on "
-            f"100 examples or more {percent(BAND_COVERAGE[100, 3])} at 3 seeds; on a handful of examples "
+            f"({'/'.join(map(str, sorted(seeds)))} seeds): pointwise, not for the whole curve. Measured by "
+            f"simulation, it covers {percent(T_COVERAGE[3]['normal'])} for normal values, less for skewed ones "
+            f"({percent(T_COVERAGE[3]['exponential'])} for exponential at 3 seeds), and for accuracies on 100 "
+            f"examples or more {percent(BAND_COVERAGE[100, 3])} at 3 seeds; on a handful of examples "
             f"(downstream_limit 4) the seeds' accuracies often tie and the band has no width: "
             f"{percent(BAND_COVERAGE[4, 3])} at 3 seeds, {percent(BAND_COVERAGE[4, 5])} at 5.")
 
