@@ -13,8 +13,9 @@ bf16 matmul inputs and outputs, an fp32 residual stream, LayerNorm outputs and l
 
 What is counted, per GPU (W processes, P parameters with the tied embedding once):
   DDP:  parameters 4P, gradients 4P, AdamW 8P (Muon: 4 bytes per hidden-matrix parameter, AdamW's
-        8 for the rest), DDP's gradient buckets 4P (W > 1), and under
-        autocast the bf16 copies of the Linear weights that the backward keeps (2 bytes each)
+        8 for the rest), and under autocast the bf16 copies of the Linear weights that the backward
+        keeps (2 bytes each). DDP's gradient buckets add nothing: train.py's DDP has
+        gradient_as_bucket_view=True, so the gradients are views into the buckets
   FSDP: 16P / W of sharded fp32 state; the gathered (bf16 on GPU) parameters of the root and of
         two blocks (current, prefetched), or of all blocks with reshard_after_forward=False; with
         several micro-steps, the unsharded fp32 gradients accumulated until the last one (4P)
@@ -124,8 +125,6 @@ def plan(c, world_size, device_type="cuda", dtype="bfloat16", counts=None):
             parts["unsharded gradients (fp32, micro-steps)"] = 4 * P
         else:  # the root's, until its reduce-scatter at the end of the backward
             parts["unsharded root gradients"] = gathered * n["root"]
-    elif world_size > 1:
-        parts["DDP gradient buckets (fp32)"] = 4 * P
     if amp and gathered == 4:  # autocast's bf16 weight copies, kept for the backward (not those of checkpointed blocks)
         parts["bf16 weight copies (autocast)"] = 2 * (n["linear"] - n_ckpt * n["block_linear"])
 

@@ -338,3 +338,38 @@ def test_memory_plan_for_the_paper_configs():
     budget = 76e9
     assert memory_plan.largest_micro_batch(replace(c, parallelism="ddp"), 8, budget, "cuda", "bfloat16") < \
         memory_plan.largest_micro_batch(replace(c, parallelism="fsdp"), 8, budget, "cuda", "bfloat16")
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_memory_plan_items_are_the_bytes_a_model_holds(optimizer):
+    """Each item the plan can measure on one CPU process: the parameters, their gradients and the optimizer's
+    states in bytes, against the tensors a tiny model really holds after a backward and a step. Under DDP
+    (gradient_as_bucket_view=True, parallelize.py) the gradients are the buckets: no item counts them twice."""
+    import torch
+    from dataclasses import replace
+    from model import GPT
+    from pretrain.optimizers import build_optimizer
+    from pretrain.train_config import make_config, model_config
+    from scripts import memory_plan
+    c = make_config(n_layer=2, n_embd=64, n_head=2, head_dim=32, vocab_size=512, block_size=16, batch_size=2,
+                    total_batch_size=32, optimizer=optimizer, device="cpu", dtype="float32")
+    parts = memory_plan.plan(c, 1, "cpu", "float32")
+    torch.manual_seed(0)
+    model = GPT(model_config(c))
+    optimizer_ = build_optimizer(model, c, "cpu")
+    x = torch.randint(0, c.vocab_size, (c.batch_size, c.block_size))
+    model(x, x)[1].backward()
+    optimizer_.step()
+
+    def nbytes(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    unique = {id(p): p for p in model.parameters()}.values()  # the tied embedding once
+    assert parts["parameters (fp32)"] == nbytes(unique)
+    assert parts["gradients (fp32)"] == nbytes(p.grad for p in unique)
+    states = [t for s in optimizer_.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
+    item = "AdamW states (fp32)" if optimizer == "adamw" else "Muon momentum + AdamW states (fp32)"
+    assert parts[item] == nbytes(states)
+    ddp = memory_plan.plan(replace(c, parallelism="ddp"), 8, "cpu", "float32")
+    assert not [name for name in ddp if "bucket" in name]
+    assert ddp["gradients (fp32)"] == parts["gradients (fp32)"]
