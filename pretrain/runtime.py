@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import os
 import platform
+import re
 import resource
 import signal
 import subprocess
@@ -23,13 +24,21 @@ from pretrain import exits
 # that read the repo's own files
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# dense bf16 tensor-core peak FLOP/s per device (vendor datasheets, no sparsity)
+# dense bf16 tensor-core peak FLOP/s per GPU (vendor datasheets, without sparsity: half the "with sparsity"
+# figure). A key matches the device name as whole words, the longest key first: "H100 PCIe" before "H100",
+# and "B200" never matches a GB200 nor "H20" an H200.
 PEAK_BF16_FLOPS = {
-    "B200": 2250e12,
+    "GB300": 2500e12,  # per GPU: a superchip holds two
+    "B300": 2250e12,  # HGX B300
+    "GB200": 2500e12,  # per GPU: a superchip holds two
+    "B200": 2250e12,  # HGX B200
     "H200": 989e12,
     "H100 NVL": 835e12,
     "H100 PCIe": 756e12,
     "H100": 989e12,  # SXM
+    "H800 PCIe": 756e12,
+    "H800": 989e12,  # SXM
+    "H20": 148e12,
     "A100": 312e12,
     "L40S": 362e12,
     "A10G": 125e12,
@@ -196,15 +205,25 @@ def enable_tf32():
     torch.backends.cudnn.allow_tf32 = True
 
 
+def peak_flops_of(name):
+    """Peak bf16 FLOP/s of a GPU by its name (torch.cuda.get_device_name), None where unknown."""
+    for key in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", name):
+            return PEAK_BF16_FLOPS[key]
+    return None
+
+
 def peak_flops(device):
-    """Peak bf16 FLOP/s of a CUDA device by name, None where unknown (CPU, MPS, other GPUs)."""
+    """Peak bf16 FLOP/s of a CUDA device, None where unknown (CPU, MPS, GPUs not in PEAK_BF16_FLOPS: for those,
+    one line says that MFU is n/a and names the device)."""
     if not str(device).startswith("cuda"):
         return None
     name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_BF16_FLOPS.items():  # ordered so that "H100 PCIe" is tried before "H100"
-        if key in name:
-            return flops
-    return None
+    peak = peak_flops_of(name)
+    if peak is None:
+        print(f"MFU: n/a: no peak bf16 FLOP/s known for {name!r} (add it to PEAK_BF16_FLOPS in pretrain/runtime.py)",
+              file=sys.stderr, flush=True)
+    return peak
 
 
 def reset_peak_memory(device_type):

@@ -118,3 +118,22 @@ def test_provenance_reads_a_checkout_that_another_user_owns(tmp_path):
                         env=env)
     assert result.stdout.strip() == repr((head, False)), result.stderr
     shutil.rmtree(clone, ignore_errors=True)
+
+
+@pytest.mark.parametrize("name,flops", [
+    ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989e12), ("NVIDIA H20", 148e12), ("NVIDIA H800", 989e12), ("NVIDIA H800 PCIe", 756e12),
+    ("NVIDIA B200", 2250e12), ("NVIDIA GB200", 2500e12), ("NVIDIA B300 SXM6 AC", 2250e12), ("NVIDIA GB300", 2500e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA L40S", 362e12), ("NVIDIA GeForce RTX 4090", None),
+])
+def test_peak_flops_match_the_device_name_as_whole_words(name, flops):
+    """A GB200 is not a B200, an H20 not an H200, an H100 PCIe not an SXM H100; an unknown GPU has no peak."""
+    assert runtime.peak_flops_of(name) == flops
+
+
+def test_an_unknown_gpu_logs_mfu_as_not_available_in_one_line_naming_it(monkeypatch, capsys):
+    monkeypatch.setattr(runtime.torch.cuda, "get_device_name", lambda device: "NVIDIA Mystery X1")
+    assert runtime.peak_flops("cuda:0") is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "MFU: n/a" in err[0] and "NVIDIA Mystery X1" in err[0]
+    assert runtime.peak_flops("cpu") is None and not capsys.readouterr().err
