@@ -13,6 +13,7 @@ import tempfile
 
 from pretrain import checkpointer, exits
 from pretrain.dataloader import val_sequences
+from pretrain.files import write_atomically
 from pretrain.runtime import DTYPES, DeviceError, pick_device, resolve_dtype
 from pretrain.shards import ShardError
 
@@ -109,14 +110,24 @@ def output_dir(out):
 
 
 def write_text(out, name, text):
-    """Write text to out/name; returns the path."""
+    """Write text to out/name atomically (pretrain/files.py: a crash leaves the old file or the new one);
+    returns the path. A failure ends the script in one line."""
+    return write_file(out, name, lambda f: f.write(text.encode("utf-8")))
+
+
+def write_file(out, name, write):
+    """Call write(f) on a binary file that becomes out/name atomically; returns the path."""
     path = os.path.join(out, name)
     try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        write_atomically(path, write)
     except OSError as e:
         exits.fail(f"cannot write {path} ({exits.one_line(e)}); give a writable directory with --out")
     return path
+
+
+def fmt(x, signed=False):
+    """A loss or a difference for the tables: 4 decimals, "–" where there is none."""
+    return "–" if x is None else (f"{x:+.4f}" if signed else f"{x:.4f}")
 
 
 def pyplot():
@@ -127,18 +138,14 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, out, name):
-    """Lay out fig, write it to out/name as a PNG and close it; returns the path."""
+def save_figure(fig, out, name, dpi=120):
+    """Lay out fig, write it to out/name as a PNG (atomically) and close it; returns the path."""
     plt = pyplot()
-    path = os.path.join(out, name)
     try:
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
-    except OSError as e:
-        exits.fail(f"cannot write {path} ({exits.one_line(e)}); give a writable directory with --out")
+        return write_file(out, name, lambda f: fig.savefig(f, format="png", dpi=dpi))
     finally:
         plt.close(fig)
-    return path
 
 
 # -----------------------------------------------------------------------------

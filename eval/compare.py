@@ -53,6 +53,7 @@ import statistics
 import scipy.stats
 
 from eval import common
+from eval.common import fmt
 from pretrain import exits
 from pretrain.train_config import BOOKKEEPING_KEYS, PAIRING_KEYS, TRAIN_KEYS, VARIANT_KEYS, variant_name
 
@@ -371,10 +372,6 @@ def paired_final_val(sa, other, metric="val_loss"):
 
 # -----------------------------------------------------------------------------
 # table
-
-
-def fmt(x, signed=False):
-    return "–" if x is None else (f"{x:+.4f}" if signed else f"{x:.4f}")
 
 
 def comparison(settings, metric="val_loss"):

@@ -73,10 +73,10 @@ from scipy.optimize import least_squares
 
 from configurator import ConfigError
 from eval import common
-from eval.compare import find_runs, fmt
+from eval.common import fmt
+from eval.compare import find_runs
 from model import GPT
 from pretrain import exits
-from pretrain.files import write_atomically
 from pretrain.metrics import format_count
 from pretrain.train_config import MODEL_KEYS, VARIANT_KEYS, model_config, resolve
 
@@ -535,8 +535,8 @@ def calibrate(out, ladders, seed, sigmas, shared):
     report = {"confidence": CONFIDENCE, "method": "t over seeds", "ladders_per_cell": ladders, "seed": seed,
               "laws": CALIBRATION_LAWS, "cells": cells}
     table = calibration_markdown(report)
-    write_to(out, "calibration.json", lambda f: f.write((json.dumps(report, indent=2) + "\n").encode("utf-8")))
-    write_to(out, "calibration.md", lambda f: f.write(table.encode("utf-8")))
+    common.write_text(out, "calibration.json", json.dumps(report, indent=2) + "\n")
+    common.write_text(out, "calibration.md", table)
     print(table)
     print(f"wrote {os.path.join(out, 'calibration.json')} and calibration.md")
     return report
@@ -987,21 +987,7 @@ def plot(points, targets, seed_fits, point, out):
     ax_c.legend(fontsize="small")
     plot_gap(ax_gap, points, paper, point, seed_fits, markers)
     plot_multiplier(ax_k, points, paper, point, seed_fits)
-    fig.tight_layout()
-    try:
-        write_to(out, "scaling.png", lambda f: fig.savefig(f, format="png", dpi=110))
-    finally:
-        plt.close(fig)
-
-
-def write_to(out, name, write):
-    """write(f) into out/name atomically; a failure ends the script in one line."""
-    path = os.path.join(out, name)
-    try:
-        write_atomically(path, write)
-    except OSError as e:
-        exits.fail(f"cannot write {path} ({exits.one_line(e)}); give a writable directory with --out")
-    return path
+    common.save_figure(fig, out, "scaling.png", dpi=110)
 
 
 def check_decreasing(points, laws):
@@ -1078,8 +1064,8 @@ def main(argv=None):
                           shared_floor)
     table = markdown(report, points, rungs, paper)
     info = json.dumps(report, indent=2, allow_nan=False) + "\n"
-    write_to(out, "scaling.json", lambda f: f.write(info.encode("utf-8")))
-    write_to(out, "scaling.md", lambda f: f.write(table.encode("utf-8")))
+    common.write_text(out, "scaling.json", info)
+    common.write_text(out, "scaling.md", table)
     seed_fits = [ladder_statistics([p for p in points if p["seed"] == s], targets, shared_floor)
                  for s in seeds] if len(seeds) >= 2 else []
     plot(points, targets, seed_fits, point, out)
