@@ -83,7 +83,8 @@ sweep_begin() {
     SWEEP_DISPATCHED=0  # for DRY_RUN's round-robin GPU assignment
     PLANNED=() PLANNED_ARGS=()  # the runs sweep_run adds, for sweep_end to start
     SWEEP_RUNS=() RUNS_STARTED=() RUNS_SKIPPED=() RUNS_FAILED=()  # their names, and what became of them
-    trap sweep_interrupted INT TERM
+    trap 'sweep_interrupted INT' INT
+    trap 'sweep_interrupted TERM' TERM HUP  # a closed terminal too: its SIGHUP does not reach the setsid'd runs
 
     local where="one run at a time"
     [[ -n $SWEEP_PARALLEL ]] && where="${#SLOTS[@]} runs at once on GPUS=\"${GPUS}\""
@@ -211,13 +212,17 @@ launch_run() {
     # train.py writes the status it chose there: torchrun exits 1 whatever its processes chose
     mkdir -p "$out_dir"
     rm -f "$status_file"
+    # setsid: a signal to the terminal's process group (Ctrl-C) reaches the sweep alone, whose trap passes it on
+    # once; a run that got it from the terminal as well would take the trap's as a second signal and stop at once,
+    # without its checkpoint. `trap -` gives the run the default dispositions of SIGINT and SIGQUIT back, which a
+    # non-interactive shell ignores in a `&` child (as scripts/train_forever.sh).
     if [[ -n $SWEEP_PARALLEL ]]; then
         # parallel runs would interleave on the terminal: each writes to its own console.log
         echo "#   on CUDA_VISIBLE_DEVICES=$slot, output in $out_dir/console.log"
-        env ${env_prefix:+"$env_prefix"} TRAIN_EXIT_STATUS_FILE="$status_file" "${cmd[@]}" \
-            >>"$out_dir/console.log" 2>&1 &
+        (trap - INT QUIT; exec setsid env ${env_prefix:+"$env_prefix"} TRAIN_EXIT_STATUS_FILE="$status_file" \
+            "${cmd[@]}") >>"$out_dir/console.log" 2>&1 &
     else
-        TRAIN_EXIT_STATUS_FILE="$status_file" "${cmd[@]}" &
+        (trap - INT QUIT; TRAIN_EXIT_STATUS_FILE="$status_file" exec setsid "${cmd[@]}") &
     fi
     SLOT_PID[i]=$!
     SLOT_RUN[i]=$name
@@ -265,13 +270,14 @@ wait_for_free_slot() {
     done
 }
 
-# Ctrl-C or kill: stop the runs this sweep started (they resume on the next invocation).
+# Ctrl-C or kill (SIGNAL: INT or TERM): stop the runs this sweep started, passing the signal on once to each
+# (they checkpoint, stop, and resume on the next invocation).
 sweep_interrupted() {
-    trap - INT TERM
+    trap - INT TERM HUP
     echo "# $SWEEP_NAME interrupted: stopping its runs; run the same command again to resume" >&2
     local pid
     for pid in "${SLOT_PID[@]}"; do
-        [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null || true
+        [[ -n $pid ]] && kill -s "$1" "$pid" 2>/dev/null || true
     done
     wait || true
     exit 130

@@ -360,6 +360,52 @@ def test_interrupted_sweep_resumes_unfinished_runs_and_skips_finished_ones(tmp_p
     assert files_of(sa_dir) == sa_files
 
 
+# train.py's stand-in: it records the signals it gets, and ends (130) a second after the first
+RECORD_SIGNALS = r"""
+import os, signal, sys, time
+got = []
+for signum in (signal.SIGINT, signal.SIGTERM):  # Python may handle a signal its shell started it ignoring
+    signal.signal(signum, lambda s, frame: got.append(signal.Signals(s).name))
+open(os.environ["RUN_READY"], "w").close()
+while not got:
+    time.sleep(0.01)
+time.sleep(1.0)  # time for a second signal to come
+open(os.environ["RUN_SIGNALS"], "w").write(" ".join(got))
+sys.exit(130)
+"""
+
+
+def test_ctrl_c_at_the_terminal_reaches_the_sweeps_run_once(tmp_path):
+    """Ctrl-C signals the terminal's whole foreground process group: the sweep and, unless the sweep starts them in
+    a session of their own, its runs. Before, a run got it from the terminal and then once more from the sweep's
+    trap, and a run takes a second signal as "stop at once", without the checkpoint of its step."""
+    recorder = tmp_path / "record_signals.py"
+    recorder.write_text(RECORD_SIGNALS)
+    python = tmp_path / "python"  # the sweep's PYTHON: train.py's stand-in for runs, the real one for the rest
+    python.write_text(f'#!/bin/bash\n[[ $1 == train.py ]] && exec {shlex.quote(sys.executable)} {recorder} "$@"\n'
+                      f'exec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    ready, signals = tmp_path / "ready", tmp_path / "signals"
+    env = sweep_env(OUT_ROOT=str(tmp_path / "out"), SIZE="tiny", LRS="1e-3", PYTHON=str(python),
+                    RUN_READY=str(ready), RUN_SIGNALS=str(signals))
+    sweep = subprocess.Popen([os.path.join(REPO, "scripts", "sweep_lr.sh")], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + HANG_GUARD_S
+        while not ready.exists():
+            assert sweep.poll() is None, f"sweep ended early:\n{sweep.stdout.read()}"
+            assert time.time() < deadline, "the run did not start in time"
+            time.sleep(0.05)
+        os.killpg(sweep.pid, signal.SIGINT)  # the terminal's Ctrl-C: to the sweep's process group
+        output = sweep.communicate(timeout=HANG_GUARD_S)[0]
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+    assert sweep.returncode == 130, output
+    assert signals.read_text() == "SIGINT", output  # once, and the signal the sweep got
+    assert "xsa_tiny_lr1e-3" not in output.split("interrupted")[-1]  # the sweep stopped: XSA never started
+
+
 def test_sweeps_resolve_a_runs_config_as_train_py_does():
     """The skip decision needs a run's max_iters, and a run's name its variant: the scripts resolve a
     config with train_config.resolve, as train.py does, and name the variant with variant_name."""
