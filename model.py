@@ -32,7 +32,7 @@ ATTN_MASKS = ("causal", "document")
 _flex_devices = ("cuda",)
 
 
-def key(default, meaning, variant=None):
+def setting(default, meaning, variant=None):
     """A hyperparameter with its one-line meaning, which `python train.py --help` shows. variant: for a key
     that makes an attention variant, how run names spell its value (None: no part of the name)."""
     return field(default=default, metadata={"help": meaning, "variant": variant})
@@ -41,29 +41,29 @@ def key(default, meaning, variant=None):
 @dataclass
 class GPTConfig:
     """The model's hyperparameters; train.py takes each as a config key of the same name."""
-    block_size: int = key(1024, "longest sequence the model is trained on (sinks not counted)")
-    vocab_size: int = key(50304, "GPT-2's 50257 padded up to a multiple of 64 for efficiency")
-    n_layer: int = key(12, "transformer blocks")
-    n_head: int = key(12, "attention (query) heads per block")
-    n_kv_head: int | None = key(None, "key/value heads (GQA: n_head a multiple of it; 1 is MQA); None means n_head")
-    n_embd: int = key(768, "model (residual stream) width")
-    head_dim: int | None = key(None, "width of one head; None means n_embd // n_head")
-    attn_type: Literal[ATTN_TYPES] = key("sa", '"sa": standard self-attention, "xsa": exclusive self-attention',
-                                         variant=str)
-    xsa_gate: bool = key(False, "XSA only: z = y - tanh(alpha) * proj, alpha per head, zero-init (starts as SA)",
-                         variant=lambda on: "gate" if on else None)
-    xsa_layers: int | str | list[int] | None = key(
+    block_size: int = setting(1024, "longest sequence the model is trained on (sinks not counted)")
+    vocab_size: int = setting(50304, "GPT-2's 50257 padded up to a multiple of 64 for efficiency")
+    n_layer: int = setting(12, "transformer blocks")
+    n_head: int = setting(12, "attention (query) heads per block")
+    n_kv_head: int | None = setting(None, "key/value heads (GQA: n_head a multiple of it; 1 is MQA); None means n_head")
+    n_embd: int = setting(768, "model (residual stream) width")
+    head_dim: int | None = setting(None, "width of one head; None means n_embd // n_head")
+    attn_type: Literal[ATTN_TYPES] = setting("sa", '"sa": standard self-attention, "xsa": exclusive self-attention',
+                                             variant=str)
+    xsa_gate: bool = setting(False, "XSA only: z = y - tanh(alpha) * proj, alpha per head, zero-init (starts as SA)",
+                             variant=lambda on: "gate" if on else None)
+    xsa_layers: int | str | list[int] | None = setting(
         None, 'XSA only, in some blocks: the last k (an int), or the blocks listed ([0, 5, 11] or "0,5,11"); '
               'None: every block',
         variant=lambda k: None if k is None else f"last{k}" if isinstance(k, int) else "blocks" + k.replace(",", "-"))
-    n_sinks: int = key(0, "learned sink tokens prepended to every sequence (StreamingLLM-style); never scored")
-    rope_theta: float = key(10000.0, "RoPE base frequency")
-    bias: bool = key(False, "biases in Linear and LayerNorm layers")
-    dropout: float = key(0.0, "dropout on attention weights and residual branches")
-    attn_mask: Literal[ATTN_MASKS] = key("causal", '"causal": a query sees every earlier token of its window; '
-                                         '"document": only those of its own document, whose positions start at 0')
-    eot_token: int = key(50256, "the token that starts every document (GPT-2's <|endoftext|>), where "
-                                'attn_mask="document" splits a window')
+    n_sinks: int = setting(0, "learned sink tokens prepended to every sequence (StreamingLLM-style); never scored")
+    rope_theta: float = setting(10000.0, "RoPE base frequency")
+    bias: bool = setting(False, "biases in Linear and LayerNorm layers")
+    dropout: float = setting(0.0, "dropout on attention weights and residual branches")
+    attn_mask: Literal[ATTN_MASKS] = setting("causal", '"causal": a query sees every earlier token of its window; '
+                                             '"document": only those of its own document, whose positions start at 0')
+    eot_token: int = setting(50256, "the token that starts every document (GPT-2's <|endoftext|>), where "
+                                    'attn_mask="document" splits a window')
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "rope_theta"):

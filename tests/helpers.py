@@ -144,9 +144,12 @@ def packed_batch():
                         torch.cat((documents([4])[0][1:], *documents([8, 13], 4)))))
 
 
+# every variant a researcher can pick: each must trace whole, or torch.compile runs part of it eagerly
+# (test_model.py with the causal mask, test_document_mask.py and test_flex_attention.py with the document mask)
 COMPILE_VARIANTS = {"sa": {}, "xsa": dict(attn_type="xsa"), "gated": dict(attn_type="xsa", xsa_gate=True),
-                    "gqa": dict(attn_type="xsa", n_kv_head=1), "sinks": dict(attn_type="xsa", n_sinks=2),
-                    "xsa_layers": dict(attn_type="xsa", xsa_layers=1)}
+                    "gqa": dict(attn_type="xsa", n_kv_head=1, n_head=4, head_dim=8),
+                    "sinks": dict(attn_type="xsa", n_sinks=2), "xsa_layers": dict(attn_type="xsa", xsa_layers=1),
+                    "sa_sinks_gqa": dict(n_sinks=1, n_kv_head=1)}
 
 
 def explain(model, *args):

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import MICRO, REPO, make_optimizer
+from helpers import COMPILE_VARIANTS
 from model import GPT, GPTConfig, exclude_self, exclude_self_reference
 
 
@@ -286,13 +287,6 @@ def test_generate_greedy_is_argmax_continuation():
     assert out.shape == (1, 8) and torch.equal(out[:, :5], idx)
     for t in range(5, 8):
         assert out[0, t] == model(out[:, :t])[0][0, -1].argmax()
-
-
-# every variant a researcher can pick: each must trace whole, or torch.compile runs part of it eagerly
-COMPILE_VARIANTS = {"sa": dict(), "xsa": dict(attn_type="xsa"), "gated": dict(attn_type="xsa", xsa_gate=True),
-                    "gqa": dict(attn_type="xsa", n_kv_head=1, n_head=4, head_dim=8),
-                    "sinks": dict(attn_type="xsa", n_sinks=2), "xsa_layers": dict(attn_type="xsa", xsa_layers=1),
-                    "sa_sinks_gqa": dict(n_sinks=1, n_kv_head=1)}
 
 
 @pytest.mark.parametrize("variant", list(COMPILE_VARIANTS))
