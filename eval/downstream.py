@@ -546,7 +546,8 @@ def headline_row(results):
     task has none), plus "avg" when the paper's 8 are all there (the paper's avg is the plain mean of its 8
     columns)."""
     row = {}
-    for task, metrics in results.items():
+    for task in [t for t in TASKS if t in results] + [t for t in results if t not in TASKS]:  # the paper's first
+        metrics = results[task]
         metric = headline_metric(task, {name.split(",")[0] for name in metrics})
         if metric is not None and f"{metric},none" in metrics:
             row[column(task)] = 100 * metrics[f"{metric},none"]
