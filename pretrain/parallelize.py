@@ -58,11 +58,13 @@ def apply_activation_checkpointing(model, mode):
 
 
 def apply_fsdp(model, runtime, dtype, reshard_after_forward=True):
-    """Shard every block, then the root. On CUDA with bf16 (or fp16), parameters are all-gathered in
-    that dtype and gradients reduced in fp32 (the fp32 sharded parameters are the master copy); on
-    CPU everything stays fp32. Inputs are not cast: the residual stream and the RoPE tables stay
-    fp32 and autocast picks each op's precision, as under DDP."""
-    low_precision = runtime.device_type == "cuda" and dtype != "float32"
+    """Shard every block, then the root. With bf16 (or fp16), on CUDA and on the CPU alike, parameters are
+    all-gathered in that dtype and gradients reduced in fp32 (the fp32 sharded parameters are the master
+    copy); with float32 everything stays fp32. Unlike DDP under autocast, which casts a weight to bf16 only
+    for the ops autocast runs in bf16 (matmuls), every gathered parameter is bf16 here, LayerNorm's and the
+    embedding's too: tests/test_fsdp.py compares the two. Inputs are not cast: the residual stream and the
+    RoPE tables stay fp32, and autocast picks each op's precision."""
+    low_precision = dtype != "float32"
     mp_policy = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype) if low_precision else None,
                                      reduce_dtype=torch.float32 if low_precision else None,
                                      cast_forward_inputs=False)
