@@ -18,6 +18,7 @@ import errno
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -574,7 +575,7 @@ def run(argv):
         c, _ = train_config.resolve(argv)
         if c.wandb_log and (problem := wandb_problem()):
             raise ConfigError(problem)
-        runtime = setup_runtime(c.device, c.backend)
+        runtime = setup_runtime(c.device, c.backend, c.dist_timeout_s)
     except (ConfigError, DeviceError) as e:
         return exits.error(f"config error: {e}", exits.CONFIG_ERROR)
     # under torchrun the launcher forwards a signal it got to the ranks as well: one stop, not two
@@ -596,6 +597,10 @@ def run(argv):
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS):  # a full or read-only disk
             raise  # possibly passing (a network filesystem): a relaunch may get past it
         status = exits.error(f"[rank {runtime.rank}] error: {e} (in {c.out_dir})", exits.STOPPED)
+    except RuntimeError as e:  # gloo's and NCCL's errors in a collective are RuntimeErrors
+        if not runtime.distributed or not (failure := collective_failure(e, c)):
+            raise
+        status = exits.error(f"[rank {runtime.rank}] error: {failure[0]}", failure[1])
     finally:
         log.finish()
         if status == 0:
@@ -605,11 +610,27 @@ def run(argv):
     return status
 
 
+def collective_failure(e, c):
+    """(one line, exit status) for an error of a collective: a wait past dist_timeout_s (the others spent longer
+    than that on something, or hang), or the end of another process, whose own error says why; else None."""
+    message = str(e)
+    if re.search(r"timed out|timeout", message, re.IGNORECASE):
+        return (f"a collective waited longer than dist_timeout_s = {c.dist_timeout_s} s for another process "
+                f"({exits.one_line(e)}); if one process's own work can take that long (rank 0 writing DDP's "
+                f"checkpoint, docs/training.md), raise dist_timeout_s", exits.STOPPED)
+    if re.search(r"connection closed by peer|connection reset|broken pipe", message, re.IGNORECASE):
+        return (f"another process of this run ended, so this one cannot go on ({exits.one_line(e)}); that "
+                f"process's error says why", exits.RETRY)
+    return None
+
+
 def main():
     status = run(sys.argv[1:])
-    # torchrun and srun exit 1 whatever their processes chose: a launching script reads the status here
-    if status and os.environ.get("TRAIN_EXIT_STATUS_FILE"):
-        write_atomically(os.environ["TRAIN_EXIT_STATUS_FILE"], lambda f: f.write(f"{status}\n".encode()))
+    # torchrun and srun exit 1 whatever their processes chose: a launching script reads the status here. The
+    # first process to fail names it: one whose peer ended first only follows (collective_failure)
+    path = os.environ.get("TRAIN_EXIT_STATUS_FILE")
+    if status and path and not (os.path.exists(path) and os.path.getsize(path)):
+        write_atomically(path, lambda f: f.write(f"{status}\n".encode()))
     sys.exit(status)
 
 

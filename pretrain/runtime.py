@@ -6,6 +6,7 @@ Shared by train.py, scripts/bench.py and eval/.
 
 import contextlib
 import ctypes
+import datetime
 import os
 import platform
 import re
@@ -125,9 +126,10 @@ def set_malloc_thresholds(mmap_bytes, trim_bytes):
     return bool(mallopt(-1, ctypes.c_int(trim_bytes)))  # M_TRIM_THRESHOLD
 
 
-def setup_runtime(device="auto", backend="auto"):
+def setup_runtime(device="auto", backend="auto", timeout_s=1800):
     """Join the torchrun process group when launched by torchrun (RANK/LOCAL_RANK/WORLD_SIZE),
-    else run as a single process. backend "auto" is nccl with CUDA and gloo without."""
+    else run as a single process. backend "auto" is nccl with CUDA and gloo without. timeout_s: how long a
+    collective waits for the slowest process before it fails (NCCL's own default is 10 minutes)."""
     launched = "RANK" in os.environ
     local_rank = int(os.environ["LOCAL_RANK"]) if launched else None
     device = pick_device(device, local_rank)
@@ -139,7 +141,8 @@ def setup_runtime(device="auto", backend="auto"):
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if backend == "auto":
         backend = "nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, device_id=torch.device(device) if device_type == "cuda" else None)
+    dist.init_process_group(backend=backend, device_id=torch.device(device) if device_type == "cuda" else None,
+                            timeout=datetime.timedelta(seconds=timeout_s))
     return Runtime(rank, local_rank, world_size, device, device_type, True)
 
 

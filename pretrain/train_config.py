@@ -190,6 +190,8 @@ class SystemKeys:
                                             "memory, less traffic)")
     activation_checkpointing: Literal[ACTIVATION_CHECKPOINTING] = key(
         "none", '"none", "block" (recompute every block in the backward), "selective" (every other)')
+    dist_timeout_s: int = key(1800, "seconds a process waits in a collective for the others before the run stops "
+                                    "(rank 0 writes DDP's checkpoint alone meanwhile)", check=positive)
 
 
 @dataclass

@@ -263,16 +263,16 @@ def run_eval(script, *args, out):
         return result, json.load(f)
 
 
-def run_train(args, nproc=1, check=True, env=None):
-    """Run train.py from the repo root, in this process (one process: the training is the same, and a
-    test spends its time training rather than starting Python), or under torchrun with nproc processes;
-    returns its Result. A run that logs to wandb, which takes over stdout, gets a process of its own; a
-    deadlock between processes ends after HANG_GUARD_S."""
+def run_train(args, nproc=1, check=True, env=None, script="train.py"):
+    """Run train.py (or a stand-in script) from the repo root, in this process (one process: the training is
+    the same, and a test spends its time training rather than starting Python), or under torchrun with nproc
+    processes; returns its Result. A run that logs to wandb, which takes over stdout, gets a process of its
+    own; a deadlock between processes ends after HANG_GUARD_S."""
     if nproc == 1 and "--wandb_log=True" not in args:
-        result = run_in_process(["train.py", *args], env)
+        result = run_in_process([script, *args], env)
     else:
-        cmd = ["train.py", *args] if nproc == 1 else \
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py",
+        cmd = [script, *args] if nproc == 1 else \
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", script,
              *args]
         full_env = {**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, CPU_THREADS // nproc)),
                     **(env or {})}

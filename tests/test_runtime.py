@@ -3,6 +3,7 @@
 import ctypes
 import mmap
 import os
+import re
 import sys
 
 import numpy as np
@@ -137,3 +138,18 @@ def test_an_unknown_gpu_logs_mfu_as_not_available_in_one_line_naming_it(monkeypa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "MFU: n/a" in err[0] and "NVIDIA Mystery X1" in err[0]
     assert runtime.peak_flops("cpu") is None and not capsys.readouterr().err
+
+
+def test_dist_timeout_s_reaches_the_process_group(monkeypatch):
+    """Under torchrun, init_process_group gets dist_timeout_s as its timeout (NCCL's own default is 10 minutes,
+    less than rank 0 may spend writing a 0.7B DDP checkpoint on a slow filesystem)."""
+    import datetime
+    seen = {}
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(runtime.dist, "init_process_group", lambda **kwargs: seen.update(kwargs))
+    rt = setup_runtime("cpu", "gloo", timeout_s=1234)
+    assert rt.distributed and seen["backend"] == "gloo" and seen["timeout"] == datetime.timedelta(seconds=1234)
+    proc = run_script(["python", "train.py", "--help"])
+    assert re.search(r"^  dist_timeout_s +1800 ", proc.stdout, re.M)
