@@ -111,13 +111,17 @@ def evaluate(model, val_x, val_y, runtime, batch_size, dtype, val_bytes=None):
 @torch.no_grad()
 def sample_text(model, runtime, dtype, seed, max_new_tokens=64):
     """A continuation of the end-of-text token, drawn with its own seed: the training RNG is untouched.
-    Every rank samples (FSDP's forward is collective); the text is only printed by rank 0."""
+    Every rank samples (FSDP's forward is collective); the text is only printed by rank 0. Eagerly, as the
+    similarity and downstream passes run: under FSDP the blocks are compiled one by one, and decoding with the
+    KV cache (a new length at every token) would recompile them up to dynamo's limit and then fall back to eager
+    anyway, quietly. FlexAttention (attn_mask="document") runs eagerly here too: slower, and a dense score
+    matrix per head, which at 64 tokens of one sequence costs nothing."""
     enc = gpt2_encoding()
     model.eval()
     with torch.random.fork_rng(devices=[runtime.device] if runtime.device_type == "cuda" else []):
         torch.manual_seed(seed)
         prompt = torch.tensor([[enc.eot_token]], device=runtime.device)
-        with autocast(runtime.device_type, dtype):
+        with autocast(runtime.device_type, dtype), torch.compiler.set_stance("force_eager"):
             ids = model.generate(prompt, max_new_tokens, temperature=0.8, top_k=200)[0, 1:].tolist()
     model.train()
     return enc.decode([i for i in ids if i < enc.n_vocab])  # the padded ids past GPT-2's vocabulary have no text

@@ -249,3 +249,24 @@ def test_the_default_tasks_are_the_papers_8_and_the_paper_configs_evaluate_them(
         c = resolve([f"config/xsa_{size}.py"])[0]
         assert c.downstream_interval > 0 and c.similarity_interval == c.eval_interval
     assert resolve(["config/xsa_tiny.py"])[0].downstream_interval == 0  # the tiny configs leave it off
+
+
+def test_samples_of_a_model_with_compiled_blocks_run_eagerly():
+    """Under FSDP each block is compiled on its own (parallelize.py) and train.py samples from that model:
+    decoding with the KV cache, a new length at every token, must not compile (and recompile) the blocks,
+    which dynamo would do up to its limit before falling back to eager quietly."""
+    from pretrain.parallelize import compile_counts
+    from pretrain.runtime import Runtime
+    from train import sample_text
+    torch._dynamo.reset()
+    model = GPT(GPTConfig(**MICRO))
+    for block in model.transformer.h:
+        block.compile(backend="eager")  # what dynamo traces is the point, not the kernels
+    x = torch.randint(0, MICRO["vocab_size"], (2, MICRO["block_size"]))
+    model(x, x)  # the training forward: compiled
+    graphs = compile_counts()[0]
+    assert graphs >= 1
+    runtime = Runtime(0, 0, 1, "cpu", "cpu", False)
+    text = sample_text(model, runtime, "float32", seed=1, max_new_tokens=12)
+    assert isinstance(text, str) and text
+    assert compile_counts()[0] == graphs  # nothing compiled for the samples
