@@ -167,7 +167,7 @@ class TrainStep:
 
 
 # -----------------------------------------------------------------------------
-# The run: setup, resume, the loop
+# The run: setup, the starting state, the loop
 
 @dataclass
 class Training:
@@ -261,7 +261,7 @@ def setup(c, runtime, log, stop_signals, run_provenance):
                     step, dtype, grad_accum)
 
 
-def resume(c, run, runtime, log):
+def starting_state(c, training, runtime, log):
     """The RunState to start from: the newest readable checkpoint's when c asks to resume (model,
     optimizer, loader and RNGs restored), else a new run's. From scratch, an out_dir holding an earlier
     run's checkpoints is refused unless overwrite moves them aside: a later resume would otherwise take
@@ -279,12 +279,12 @@ def resume(c, run, runtime, log):
         # nothing saved yet (a crash before the first checkpoint): resuming means starting over
         log.print(f"init_from='resume': no checkpoint in {c.out_dir} yet, starting from scratch")
         return RunState()
-    path, state, saved = run.checkpointer.resume(c.to_dict())
+    path, state, saved = training.checkpointer.load_newest(c.to_dict())
     if path is None:
         raise FileNotFoundError(f"init_from='resume' but no checkpoint in {c.out_dir} is readable")
-    set_hyperparameters(run.optimizer, c)  # the config given now decides them, not the checkpoint
+    set_hyperparameters(training.optimizer, c)  # the config given now decides them, not the checkpoint
     if state.guards:
-        run.guards.load_state_dict(state.guards)
+        training.guards.load_state_dict(state.guards)
     if len(saved["rng"]) != runtime.world_size:
         log.print(f"note: checkpoint has RNG states of {len(saved['rng'])} ranks, resuming on {runtime.world_size}")
     before, step = train_config.TrainConfig.from_dict(saved["config"]), state.step
@@ -335,9 +335,9 @@ class Pace:
     checkpoints, nor the first step, which compiles), the elapsed training time of the whole run (over
     resumed processes) and the time left at this process's pace."""
 
-    def __init__(self, run, c, runtime, elapsed_before):
+    def __init__(self, training, c, runtime, elapsed_before):
         peak = peak_flops(runtime.device)
-        self.meter = ThroughputMeter(run.raw_model.flops_per_token(c.block_size),
+        self.meter = ThroughputMeter(training.raw_model.flops_per_token(c.block_size),
                                      peak * runtime.world_size if peak else None, runtime.device_type)
         self.started, self.elapsed_before = time.perf_counter(), elapsed_before
         self.first_timed = None  # (step, time) after the first step
@@ -358,7 +358,7 @@ class Pace:
         if not timed:
             self.meter.stop()
 
-    def resume(self, step):
+    def restart_clock(self, step):
         """After a step's evaluation, logging and checkpoint: the clock runs again for the next step."""
         if self.first_timed is None:
             self.first_timed = (step, time.perf_counter())
@@ -366,24 +366,24 @@ class Pace:
             self.meter.start()
 
 
-def validate(c, run, runtime, plan):
+def validate(c, training, runtime, plan):
     """This step's validation, as plan says: {"val_loss", "val_bpb"} (or {}), before its checkpoint, which keeps the
     best val_loss; with the seconds it took (for the log only)."""
     if not plan.evaluate:
         return {}, {}
     started = time.perf_counter()
-    val_loss, val_bpb = evaluate(run.model, run.val_x, run.val_y, runtime, c.batch_size, run.dtype, run.val_bytes)
+    val_loss, val_bpb = evaluate(training.model, training.val_x, training.val_y, runtime, c.batch_size, training.dtype, training.val_bytes)
     return {"val_loss": val_loss, "val_bpb": val_bpb}, {"val": time.perf_counter() - started}
 
 
-def in_loop_passes(c, run, runtime, plan, step, measured, seconds):
+def in_loop_passes(c, training, runtime, plan, step, measured, seconds):
     """This step's in-loop passes, as plan says, after its checkpoint: the similarity bias (similarity/...) and the
     downstream accuracies (downstream/...) into measured, the seconds each took into seconds. Returns None, or
     the InLoopFailure that ends the run (exit 3: a relaunch would fail the same way) where a pass raised. Every process runs the same passes (their exceptions are raised on every
     one: InLoopDownstream shares the main process's failure to read lm-eval's results)."""
     passes = [("similarity", plan.similarity,  # on the eager model: its hooks read each block's attention input
-               lambda: similarity_record(run.raw_model, run.val_x[:c.batch_size], runtime, run.dtype)),
-              ("downstream", plan.downstream, lambda: run.downstream(run.raw_model, runtime, run.dtype, c.batch_size))]
+               lambda: similarity_record(training.raw_model, training.val_x[:c.batch_size], runtime, training.dtype)),
+              ("downstream", plan.downstream, lambda: training.downstream(training.raw_model, runtime, training.dtype, c.batch_size))]
     for name, due, measure in passes:
         if not due:
             continue
@@ -439,7 +439,7 @@ def log_step(log, c, step, lr, result, pace, measured, seconds):
                   f"{seconds['downstream']:.1f}s")
 
 
-def write_step_checkpoint(run, state, loader_position, result, val_loss, c, log):
+def write_step_checkpoint(training, state, loader_position, result, val_loss, c, log):
     """The checkpoint of this step (its path), unless its loss spiked (None); a failed write or a non-finite state
     stops the run."""
     if result.spike:
@@ -449,9 +449,9 @@ def write_step_checkpoint(run, state, loader_position, result, val_loss, c, log)
                                   f"learning_rate if it spikes again")
         log.print(f"step {state.step}: no checkpoint of this state (a spike)")
         return None
-    state.guards = run.guards.state_dict()
+    state.guards = training.guards.state_dict()
     try:
-        path = run.checkpointer.save(state, loader_position, val_loss=val_loss)
+        path = training.checkpointer.save(state, loader_position, val_loss=val_loss)
     except NonFiniteState as e:
         raise TrainingStopped(f"{e}; lower learning_rate or raise warmup_iters") from e
     except OSError as e:
@@ -460,25 +460,25 @@ def write_step_checkpoint(run, state, loader_position, result, val_loss, c, log)
     return path
 
 
-def train_loop(c, run, runtime, log, state):
+def train_loop(c, training, runtime, log, state):
     """Optimizer steps from the one after state.step to max_iters, with evaluation, logging, samples and
     checkpoints where StepPlan says; after a stop signal, the current step's checkpoint ends it.
     Returns the exit status: 0, or the stop signal's."""
     if c.compile:
         log.print("compiling the model: the first evaluation and the first step take longer")
     if state.step == 0:  # the loss of the initialisation: about ln(vocab_size), a check of the setup
-        val_loss, _ = evaluate(run.model, run.val_x, run.val_y, runtime, c.batch_size, run.dtype)
+        val_loss, _ = evaluate(training.model, training.val_x, training.val_y, runtime, c.batch_size, training.dtype)
         log.log({"step": 0, "val_loss": val_loss, "tokens": 0}, jsonl=False)  # metrics.jsonl: from step 1
         log.print(f"step 0/{c.max_iters} | val loss {val_loss:.4f}")
-    pace = Pace(run, c, runtime, state.elapsed_s)
+    pace = Pace(training, c, runtime, state.elapsed_s)
     reset_peak_memory(runtime.device_type)  # the first record's peak: training steps, not the evaluation
     pin = runtime.device_type == "cuda"
     batches = collections.deque()  # the next batch, read while the device works through the current step
 
     def read_batch():
-        x, y = run.loader.next_batch()
-        batches.append((x.pin_memory(), y.pin_memory(), run.loader.state_dict()) if pin else
-                       (x, y, run.loader.state_dict()))  # with the loader's position after it
+        x, y = training.loader.next_batch()
+        batches.append((x.pin_memory(), y.pin_memory(), training.loader.state_dict()) if pin else
+                       (x, y, training.loader.state_dict()))  # with the loader's position after it
 
     read_batch()
     if c.attn_mask == "document" and not (batches[0][0] == c.eot_token).any():
@@ -487,38 +487,38 @@ def train_loop(c, run, runtime, log, state):
     for step in range(state.step + 1, c.max_iters + 1):
         x, y, loader_position = batches.popleft()
         lr = lr_at(step, c)
-        result = run.train_step(step, x, y, lr, meanwhile=read_batch if step < c.max_iters else None)
+        result = training.train_step(step, x, y, lr, meanwhile=read_batch if step < c.max_iters else None)
         plan = StepPlan.at(step, c, stop_requested=result.stop_signal is not None)
         state.step = step
-        if spiked := run.checkpointer.judge(state, step, result.blew_up):
+        if spiked := training.checkpointer.judge(state, step, result.blew_up):
             log.print(f"step {step}: set aside {spiked}, the checkpoint whose weights gave this step's loss")
         if result.failure:
             raise TrainingStopped(result.failure)
         pace.step_done(c.total_batch_size, timed=not (plan.log or plan.checkpoint or plan.sample))
-        measured, seconds = validate(c, run, runtime, plan)
+        measured, seconds = validate(c, training, runtime, plan)
         val_loss = measured.get("val_loss")
         if val_loss is not None:
             state.best_val_loss = min(state.best_val_loss, val_loss)
         checkpoint = None
         if plan.checkpoint:  # before the in-loop passes: a failure in one of them never costs the step's training
             state.elapsed_s = pace.elapsed()
-            checkpoint = write_step_checkpoint(run, state, loader_position, result, val_loss, c, log)
-        failure = in_loop_passes(c, run, runtime, plan, step, measured, seconds)
+            checkpoint = write_step_checkpoint(training, state, loader_position, result, val_loss, c, log)
+        failure = in_loop_passes(c, training, runtime, plan, step, measured, seconds)
         if plan.log or failure:  # the step's record, with what it measured
             log_step(log, c, step, lr, result, pace, measured, seconds)
         if plan.sample and not failure:
             try:
-                text = sample_text(run.raw_model, runtime, run.dtype, seed=c.seed + step)
+                text = sample_text(training.raw_model, runtime, training.dtype, seed=c.seed + step)
                 log.print(f"step {step} sample: {text!r}")
             except Exception as e:
                 failure = InLoopFailure("sample", step, e)
         if failure:  # the training so far is kept: this step is checkpointed if it was not yet
             if not plan.checkpoint:
                 state.elapsed_s = pace.elapsed()
-                checkpoint = write_step_checkpoint(run, state, loader_position, result, val_loss, c, log)
+                checkpoint = write_step_checkpoint(training, state, loader_position, result, val_loss, c, log)
             raise failure.after(checkpoint)
         if plan.stop:
-            run.checkpointer.finish(state)
+            training.checkpointer.finish(state)
             log.print(f"stopped by {signal.Signals(result.stop_signal).name} after step {step}; "
                       f"continue with --init_from=resume")
             return exits.SIGNALLED[result.stop_signal]
@@ -526,48 +526,48 @@ def train_loop(c, run, runtime, log, state):
             reset_peak_memory(runtime.device_type)
         if pace.first_timed is None and c.compile:
             log.print(compile_summary())
-        pace.resume(step)
-    run.checkpointer.finish(state)
+        pace.restart_clock(step)
+    training.checkpointer.finish(state)
     log.print(f"finished {c.max_iters} steps in {format_duration(pace.elapsed())}; "
               f"best val loss {state.best_val_loss:.4f}")
     return exits.SIGNALLED[result.stop_signal] if result.stop_signal else 0  # a signal at the last step
 
 
-def describe_run(c, run, runtime, log, run_provenance):
+def describe_run(c, training, runtime, log, run_provenance):
     """The run's description in the log: provenance, config, model, batch and parallelism."""
     log.print(f"provenance: {json.dumps(run_provenance)}")
     log.print(f"config: {json.dumps(c.to_dict())}")
-    log.print(f"model: {run.raw_model.num_params() / 1e6:.2f}M non-embedding parameters, attn_type={c.attn_type}; "
-              f"{c.total_batch_size:,} tokens per step = {runtime.world_size} processes x {run.grad_accum} "
-              f"micro-steps x {c.batch_size} x {c.block_size}; dtype {run.dtype}")
-    strategy = ("fsdp" if run.checkpointer.sharded else "ddp" if runtime.distributed
+    log.print(f"model: {training.raw_model.num_params() / 1e6:.2f}M non-embedding parameters, attn_type={c.attn_type}; "
+              f"{c.total_batch_size:,} tokens per step = {runtime.world_size} processes x {training.grad_accum} "
+              f"micro-steps x {c.batch_size} x {c.block_size}; dtype {training.dtype}")
+    strategy = ("fsdp" if training.checkpointer.sharded else "ddp" if runtime.distributed
                 else "none: one process, nothing to shard")
     log.print(f"parallelism {strategy}; activation checkpointing {c.activation_checkpointing}")
 
 
 def train(c, runtime, log, stop_signals):
-    """The training run described by the resolved config c: setup, resume, loop. Returns the exit status."""
+    """The training run described by the resolved config c: setup, starting state, loop. Returns the exit status."""
     run_provenance = provenance(runtime)  # git and device queries: once per run, not per checkpoint
-    run = setup(c, runtime, log, stop_signals, run_provenance)
+    training = setup(c, runtime, log, stop_signals, run_provenance)
     lock = lock_run_dir(c.out_dir, runtime)
     try:
         if runtime.is_main:
             clean_run_dir(c.out_dir)  # left by a process killed mid-write
         if runtime.distributed:
             dist.barrier()
-        state = resume(c, run, runtime, log)
+        state = starting_state(c, training, runtime, log)
         if runtime.distributed:
             dist.barrier()  # an overwritten run's files are moved aside before anyone writes
         if runtime.is_main:
             record_run(c.out_dir, c.to_dict(), run_provenance)
-        describe_run(c, run, runtime, log, run_provenance)
+        describe_run(c, training, runtime, log, run_provenance)
         log.keep_steps_up_to(state.step)
         if c.wandb_log:
             log.start_wandb(c.wandb_project, c.wandb_group, c.wandb_run_name, state.wandb_run_id, c.to_dict())
         if state.step >= c.max_iters:
             log.print(f"run already finished: checkpoint step {state.step} >= max_iters {c.max_iters}")
             return 0
-        return train_loop(c, run, runtime, log, state)
+        return train_loop(c, training, runtime, log, state)
     finally:
         if lock:
             lock.release()

@@ -40,18 +40,13 @@ from configurator import ConfigError
 from eval import common
 from pretrain import checkpointer, exits
 from pretrain.runtime import autocast
+from pretrain.train_config import PAPER_TASKS
 
-# task -> (column, headline metric), in the paper's column order
-TASKS = {
-    "arc_easy": ("ARC-E", "acc_norm"),
-    "boolq": ("BoolQ", "acc"),
-    "hellaswag": ("HSwag", "acc_norm"),
-    "lambada_openai": ("LAMBADA", "acc"),
-    "openbookqa": ("OBQA", "acc_norm"),
-    "piqa": ("PIQA", "acc_norm"),
-    "social_iqa": ("SIQA", "acc"),
-    "winogrande": ("WinoG", "acc"),
-}
+# the paper's tasks (train_config.PAPER_TASKS: arc_easy, boolq, hellaswag, lambada_openai, openbookqa, piqa,
+# social_iqa, winogrande) -> (column, headline metric), in the paper's column order
+TASKS = dict(zip(PAPER_TASKS, (("ARC-E", "acc_norm"), ("BoolQ", "acc"), ("HSwag", "acc_norm"), ("LAMBADA", "acc"),
+                               ("OBQA", "acc_norm"), ("PIQA", "acc_norm"), ("SIQA", "acc"), ("WinoG", "acc")),
+                 strict=True))
 
 # the paper's Table 2 (docs/paper.md), in percent, columns in the order of TASKS then avg
 PAPER_TABLE2 = {
@@ -478,7 +473,7 @@ def hub_dataset(entry):
     return None if not path or path in LOCAL_LOADERS or os.path.exists(path) else path
 
 
-def check_hub(repo_id, task):
+def check_task_hub(repo_id, task):
     """Exit at once when the Hub cannot be read (exits.hub_problem). In offline mode datasets reads
     its local cache and makes no request: nothing to check."""
     offline = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
@@ -518,7 +513,7 @@ def load_tasks(task_manager, names):
     hub = {name: hub_dataset(entry) for name, entry in entries.items() if hub_dataset(entry)}
     if hub:
         name, repo_id = next(iter(hub.items()))
-        check_hub(repo_id, name)
+        check_task_hub(repo_id, name)
     tasks = []
     for name, entry in entries.items():
         folder = entry.yaml_path.parent if data_files(entry) else os.getcwd()

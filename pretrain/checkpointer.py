@@ -181,7 +181,7 @@ class RunState:
 class Checkpointer:
     """Saves and restores a run's whole training state: model, optimizer, the data loader's position,
     every rank's RNG states, the run's own state (RunState), and its config and provenance. Every rank
-    calls save() and resume(); a model sharded by FSDP gets a DCP directory, any other a single file
+    calls save() and load_newest(); a model sharded by FSDP gets a DCP directory, any other a single file
     written by rank 0. Keeps the newest `keep` readable checkpoints, and the best validation loss's."""
 
     def __init__(self, out_dir, keep, model, optimizer, loader, runtime, sharded, config=None, provenance=None):
@@ -284,7 +284,7 @@ class Checkpointer:
             self.unjudged = None
             self.prune(run_state)
 
-    def resume(self, config):
+    def load_newest(self, config):
         """Load the newest readable checkpoint into the model, optimizer, loader and RNGs. Returns
         (path, its RunState, the rest of what it holds but model and optimizer: config, rng, ...), or
         (None, None, None) if out_dir holds none. config: this run's, as a dict."""

@@ -83,8 +83,9 @@ class RunKeys:
                                 check=positive)
 
 
-# the paper's 8 zero-shot tasks (Table 2), as lm-eval names them (eval/downstream.py's TASKS)
-PAPER_TASKS = "arc_easy,boolq,hellaswag,lambada_openai,openbookqa,piqa,social_iqa,winogrande"
+# the paper's 8 zero-shot tasks (Table 2), as lm-eval names them, in the paper's column order (eval/downstream.py's
+# TASKS gives each its column and headline metric)
+PAPER_TASKS = ("arc_easy", "boolq", "hellaswag", "lambada_openai", "openbookqa", "piqa", "social_iqa", "winogrande")
 
 
 @dataclass
@@ -95,7 +96,7 @@ class InLoopKeys:
                                           check=non_negative, derive=lambda c, name: c.eval_interval)
     downstream_interval: int = key(0, "optimizer steps between zero-shot downstream evaluations (lm-eval, and at "
                                       "the last step); 0: never", check=non_negative)
-    downstream_tasks: str = key(PAPER_TASKS, "lm-eval task names, comma separated; default: the paper's 8",
+    downstream_tasks: str = key(",".join(PAPER_TASKS), "lm-eval task names, comma separated; default: the paper's 8",
                                 check=task_list)
     downstream_limit: int = key(500, "examples per task: the first ones, the same at every evaluation",
                                 check=positive)
