@@ -895,9 +895,10 @@ def plot_losses(ax, axis, points, paper, point, markers):
     xs = axis_span(points, paper, axis)
     for attn in TYPES:
         ax.plot(xs, drawn_law(point, attn, axis)(xs), STYLES[attn], color=COLOURS[attn], label=f"{attn.upper()} fit")
-        for p in points:
-            if p["attn_type"] == attn:
-                ax.scatter(p[axis], p["loss"], marker=markers[p["seed"]], color=COLOURS[attn], s=22, zorder=3)
+        for seed, marker in markers.items():  # one collection per seed: a point per run
+            own = [p for p in points if p["attn_type"] == attn and p["seed"] == seed]
+            ax.scatter([p[axis] for p in own], [p["loss"] for p in own], marker=marker, color=COLOURS[attn], s=22,
+                       zorder=3)
     if math.isfinite(point[f"floor.{axis}"]):
         ax.axhline(point[f"floor.{axis}"], color="grey", lw=0.8, label="shared floor E")
     mark_paper(ax, paper, axis)
@@ -934,9 +935,9 @@ def plot_gap(ax, points, paper, point, seed_fits, markers):
     pairs = {}
     for p in points:
         pairs.setdefault((p["N"], p["seed"]), {})[p["attn_type"]] = p["loss"]
-    for (n, seed), losses in pairs.items():
-        if len(losses) == 2:
-            ax.scatter(n, losses["xsa"] - losses["sa"], marker=markers[seed], color="black", s=18, zorder=3)
+    for seed, marker in markers.items():
+        gaps = [(n, d["xsa"] - d["sa"]) for (n, s), d in pairs.items() if s == seed and len(d) == 2]
+        ax.scatter([n for n, _ in gaps], [g for _, g in gaps], marker=marker, color="black", s=18, zorder=3)
     ax.axhline(0.0, color="black", lw=0.8)
     mark_paper(ax, paper, "N")
     ax.set(xscale="log", xlabel="non-embedding parameters N", ylabel="XSA − SA validation loss",

@@ -19,7 +19,7 @@ from scipy.optimize import brentq
 
 from conftest import REPO, run_script
 from eval import scaling
-from model import GPT
+from model import GPT, GPTConfig
 from pretrain.metrics import MetricsLogger
 from pretrain.runtime import PEAK_BF16_FLOPS, provenance
 from pretrain.train_config import make_config, model_config, resolve
@@ -47,9 +47,14 @@ def shape(depth):
 
 def model_counts(config):
     """(N, FLOPs per token) straight from model.py, as train.py's model and meter would have them."""
+    return _model_counts(json.dumps(model_config(config).__dict__, sort_keys=True), config.block_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _model_counts(model_keys, block_size):
     with torch.device("meta"):
-        model = GPT(model_config(config))
-    return model.num_params(), model.flops_per_token(config.block_size)
+        model = GPT(GPTConfig(**json.loads(model_keys)))
+    return model.num_params(), model.flops_per_token(block_size)
 
 
 def write_run(root, attn, seed, depth, loss, run_provenance, steps_done=None, last_val=True, **overrides):
