@@ -190,6 +190,64 @@ def test_every_documented_python_m_command_runs_from_the_repo_root():
     helps = re.split(r"^=== (\S+) exit (.*)$", result.stdout, flags=re.M)
     assert helps[-1].strip() == "", helps[-1]  # nothing after the last module's line
     assert [helps[i] for i in range(1, len(helps), 3)] == modules, result.stdout[-3000:]
+    flags = documented_flags()
     for text, module, status in zip(helps[0::3], helps[1::3], helps[2::3]):
         assert status == "0", f"python -m {module} --help: exit {status}\n{text[-2000:]}\n{result.stderr[-2000:]}"
         assert "usage" in text.lower(), f"python -m {module} --help printed no usage:\n{text[-2000:]}"
+        for path, flag in sorted(flags.get(module, ())):  # each flag the docs give it, in its --help: argparse's
+            # "--flag", or a config key's "  key  default  meaning" line (configurator.py)
+            listed = re.search(rf"(^|[\s\[,]){re.escape(flag)}($|[\s=\],])", text, re.M) or \
+                re.search(rf"^ +{re.escape(flag[2:])} +\S", text, re.M)
+            assert listed, f"{path} passes {flag} to python -m {module}, which its --help does not list"
+
+
+def documented_command_lines():
+    """The command lines of README.md's and docs/*.md's shell blocks, a backslash continuation joined to its line,
+    comments cut."""
+    lines = []
+    for path in repo_files("README.md") + repo_files("docs/*.md"):
+        with open(path) as f:
+            blocks = re.findall(r"^```(?:bash|sh|shell)?\n(.*?)^```", f.read(), flags=re.M | re.S)
+        for block in blocks:
+            for line in block.replace("\\\n", " ").splitlines():
+                line = re.sub(r"(^|\s)#.*$", "", line).strip()
+                if line:
+                    lines.append((relative(path), line))
+    return lines
+
+
+def documented_flags():
+    """{module: {(file, flag)}}: the --flags given to each `python -m <module>` in the docs' shell blocks."""
+    flags = {}
+    for path, line in documented_command_lines():
+        for module, rest in re.findall(r"python3? -m ((?:eval|scripts|data\.fineweb)\.[a-z_]+)([^|;&]*)", line):
+            for flag in re.findall(r"(?:^|\s)(--[a-z][a-z0-9_-]*)", rest):
+                flags.setdefault(module, set()).add((path, flag))
+    return flags
+
+
+def test_documented_scripts_and_train_keys_exist():
+    """Every `bash scripts/...` or `scripts/...sh` the docs run is a file of the repo, and every --key a documented
+    `train.py` command passes is one of train.py's keys."""
+    from pretrain.train_config import TRAIN_KEYS
+    for path, line in documented_command_lines():
+        for script in re.findall(r"(?:^|\s|=)((?:\./)?scripts/[A-Za-z0-9_]+\.sh)\b", line):
+            assert os.path.isfile(os.path.join(REPO, script)), f"{path}: {line!r} runs {script}, which is not a file"
+        if re.search(r"(?:^|\s)train\.py(\s|$)", line):
+            keys = re.findall(r"\s--([a-z_0-9]+)(?==|\s|$)", line.split("train.py", 1)[1])
+            unknown = [k for k in keys if k not in TRAIN_KEYS and k != "help"]
+            assert not unknown, f"{path}: {line!r} passes --{unknown[0]}, which train.py does not have"
+
+
+def test_code_the_docs_quote_is_the_code():
+    """A block after `<!-- verbatim: FILE -->` in README.md or docs/*.md is the repo's code: it appears, line for
+    line, in FILE. Code the docs give without the marker is a sketch or a usage example, and says so in words."""
+    quoted = 0
+    for path in repo_files("README.md") + repo_files("docs/*.md"):
+        with open(path) as f:
+            text = f.read()
+        for source, block in re.findall(r"^<!-- verbatim: (\S+) -->\n```[a-z]*\n(.*?)^```", text, flags=re.M | re.S):
+            with open(os.path.join(REPO, source)) as f:
+                assert block in f.read(), f"{relative(path)} quotes {source}, but this is not in it:\n{block}"
+            quoted += 1
+    assert quoted >= 2  # the README's XSA in the code
