@@ -1,5 +1,5 @@
-"""What several test files share, beside conftest.py's fixtures and runners: test files import these from
-here, never from one another."""
+"""What several test files check alike (beside conftest.py's fixtures, running.py's runners and micro.py's micro
+model): test files import these from here, never from one another."""
 
 import os
 import re
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import HANG_GUARD_S, REPO, run_script
+from running import HANG_GUARD_S, REPO, run_script
 from model import GPT, GPTConfig
 from pretrain.metrics import read_metrics
 from pretrain.shards import list_shards, read_shard

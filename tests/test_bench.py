@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from conftest import MICRO, REPO, run_script
+from micro import MICRO
+
+from running import REPO, run_script
 from helpers import write_fixture_tasks
 
 # scripts.bench run in a temporary directory (where its traces go): the repo's modules found through PYTHONPATH

@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from conftest import run_in_process
+from running import run_in_process
 from pretrain.train_config import BOOKKEEPING_KEYS, TRAIN_KEYS, VARIANT_KEYS
 
 # Student t quantiles from a printed table, by degrees of freedom: 0.975 (95% intervals), 0.95 (90%)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from configurator import ConfigError, config_class, key, keys_of, parse_config, positive, resolve
-from conftest import REPO, run_in_process
+from running import REPO, run_in_process
 
 
 @dataclass

@@ -6,7 +6,7 @@ import shlex
 import shutil
 import sys
 
-from conftest import REPO, run_script
+from running import REPO, run_script
 
 
 def documented_commands(path):

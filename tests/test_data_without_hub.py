@@ -9,7 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import DOWNLOAD, HANG_GUARD_S, LOCK, PREPARE, REPO, run_script
+from prepare_helpers import DOWNLOAD, LOCK, PREPARE
+
+from running import HANG_GUARD_S, REPO, run_script
 from fakes.hub import no_hub_env, unavailable_hub
 from pretrain.shards import write_shard
 

@@ -6,7 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from conftest import micro_args, run_train
+from micro import micro_args
+
+from running import run_train
 from helpers import PARALLEL_RUN, assert_same_training, unigram_cross_entropy
 from pretrain.metrics import read_metrics
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import DOWNLOAD, load_script
+from prepare_helpers import DOWNLOAD, load_script
 from helpers import ETA, last_bar
 from pretrain.shards import write_shard
 

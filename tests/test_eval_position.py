@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import MICRO, micro_args, run_eval, run_in_process, run_train
+from micro import MICRO, micro_args
+
+from running import run_eval, run_in_process, run_train
 from eval.position_loss import bucket_losses, position_losses
 from pretrain.checkpointer import load_model
 from pretrain.dataloader import val_sequences

@@ -24,7 +24,9 @@ import torch
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from conftest import HANG_GUARD_S, MICRO, REPO, run_eval, run_in_process
+from micro import MICRO
+
+from running import HANG_GUARD_S, REPO, run_eval, run_in_process
 from eval.similarity import QUANTITIES, similarity_stats, stats_over_batches
 from model import GPT, GPTConfig
 from pretrain import checkpointer

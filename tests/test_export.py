@@ -9,7 +9,9 @@ import sys
 import pytest
 import torch
 
-from conftest import CORPUS, REPO, run_in_process, run_script
+from micro import CORPUS
+
+from running import REPO, run_in_process, run_script
 from helpers import MODEL_VARIANTS, with_documents
 from model import GPT, GPTConfig
 from pretrain.checkpoint_format import save_checkpoint

@@ -11,7 +11,9 @@ import sys
 import pytest
 import torch
 
-from conftest import MICRO, REPO, communicate, make_optimizer, micro_args, run_train
+from micro import MICRO, make_optimizer, micro_args
+
+from running import REPO, communicate, run_train
 from helpers import PARALLEL_RUN, assert_same_training, records
 from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, load_model
 from pretrain.dataloader import val_sequences
@@ -155,7 +157,7 @@ def test_an_fsdp_checkpoint_exports_as_its_single_file_equivalent(fsdp_runs, tmp
     """scripts/export_hf.py reads a DCP directory in one process: the folder is byte for byte the one
     exported from the same weights in a single-file checkpoint."""
     from pretrain.checkpoint_format import save_checkpoint
-    from conftest import run_in_process
+    from running import run_in_process
     sharded = os.path.join(fsdp_runs["xsa"], "ckpt_0000006")
     model, config = load_model(sharded)
     single = save_checkpoint({"model": model.state_dict(), "config": config, "step": 6}, str(tmp_path / "single"), 6)

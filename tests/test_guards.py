@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import REPO
+from running import REPO
 from pretrain.guards import Guards
 from pretrain.train_config import make_config
 

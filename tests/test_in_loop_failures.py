@@ -15,7 +15,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from configurator import ConfigError  # noqa: E402
-from conftest import HANG_GUARD_S, REPO, micro_args, run_in_process, run_script, run_train  # noqa: E402
+from micro import micro_args  # noqa: E402
+from running import HANG_GUARD_S, REPO, run_in_process, run_script, run_train  # noqa: E402
 from pretrain.checkpointer import list_checkpoints  # noqa: E402
 from pretrain.metrics import read_metrics  # noqa: E402
 from pretrain.train_config import resolve  # noqa: E402

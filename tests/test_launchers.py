@@ -15,7 +15,9 @@ import time
 
 import pytest
 
-from conftest import HANG_GUARD_S, REPO, micro_args, run_script
+from micro import micro_args
+
+from running import HANG_GUARD_S, REPO, run_script
 from helpers import dry_run
 from pretrain.metrics import read_metrics
 

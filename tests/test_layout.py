@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_script
+from running import REPO, run_script
 
 # the entry points that run from the repo root as modules: their folders are packages
 ENTRY_FOLDERS = ("eval", "scripts", "data/fineweb")

@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import MICRO, REPO, make_optimizer
+from micro import MICRO, make_optimizer
+
+from running import REPO
 from helpers import COMPILE_VARIANTS
 from model import GPT, GPTConfig, exclude_self, exclude_self_reference
 

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from conftest import MICRO, make_optimizer
+from micro import MICRO, make_optimizer
 from model import GPT, GPTConfig
 
 HIDDEN = {"attn.c_q.weight", "attn.c_k.weight", "attn.c_v.weight", "attn.c_proj.weight", "mlp.c_fc.weight",

@@ -8,7 +8,9 @@ import subprocess
 import sys
 import termios
 
-from conftest import PREPARE, REPO, prepare_args, run_prepare
+from prepare_helpers import PREPARE, prepare_args, run_prepare
+
+from running import REPO
 from helpers import ETA, last_bar
 
 

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import tiktoken
 
-from conftest import EOT, VAL_TOKENS, leftover_temp_files, prepare_args, run_prepare
+from micro import EOT
+
+from prepare_helpers import VAL_TOKENS, leftover_temp_files, prepare_args, run_prepare
 from pretrain.shards import read_header, write_shard
 
 from data.fineweb import doc_stats

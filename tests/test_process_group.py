@@ -6,7 +6,9 @@ import os
 
 import pytest
 
-from conftest import REPO, micro_args, run_train
+from micro import micro_args
+
+from running import REPO, run_train
 
 
 def slow_run(data_dir, out_dir, timeout_s, slow_s, status_file):

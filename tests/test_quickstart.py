@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import HANG_GUARD_S, REPO, run_script
+from running import HANG_GUARD_S, REPO, run_script
 from helpers import config_value, sweep_env
 from pretrain.shards import list_shards, read_header
 

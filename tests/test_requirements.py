@@ -8,7 +8,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from conftest import REPO
+from running import REPO
 
 
 def requirement_lines(path):

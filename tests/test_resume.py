@@ -10,7 +10,9 @@ import sys
 import pytest
 import torch
 
-from conftest import make_optimizer, micro_args, run_script, run_train
+from micro import make_optimizer, micro_args
+
+from running import run_script, run_train
 from helpers import RESUME, losses
 from pretrain.checkpoint_format import save_checkpoint
 from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, prune_checkpoints
@@ -383,7 +385,7 @@ def test_flipped_bits_in_a_sharded_run_state_are_detected(tmp_path):
     import random
     from pretrain.checkpoint_format import load_checkpoint_file, save_sharded_checkpoint
     from pretrain.train_config import model_config
-    from conftest import MICRO
+    from micro import MICRO
     from model import GPT
     model = GPT(model_config(MICRO))
     state = {"step": 7, "loader": {"shard": 1, "offset": 4096, "epoch": 0}, "config": {"learning_rate": 3e-3},

@@ -11,7 +11,10 @@ import time
 
 import pytest
 
-from conftest import CPU_THREADS, HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, micro_args, run_train
+
+from micro import micro_args
+
+from running import HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, cpu_threads, run_train
 from helpers import RESUME, losses
 from pretrain.checkpointer import list_checkpoints
 from pretrain.metrics import read_metrics
@@ -103,7 +106,7 @@ def start_train(args, nproc=1, env=None):
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
     return subprocess.Popen(cmd + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,  # a hang is ended with the ranks (conftest.communicate)
-                            env={**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, CPU_THREADS // nproc)),
+                            env={**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, cpu_threads() // nproc)),
                                  **(env or {})})
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, run_script
+from running import REPO, run_script
 from pretrain import runtime
 from pretrain.runtime import DeviceError, pick_device, setup_runtime
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from scipy.optimize import brentq
 
-from conftest import REPO, run_script
+from running import REPO, run_script
 from eval import scaling
 from model import GPT, GPTConfig
 from pretrain.metrics import MetricsLogger

@@ -12,7 +12,9 @@ import time
 
 import pytest
 
-from conftest import HANG_GUARD_S, REPO, micro_args, run_script
+from micro import micro_args
+
+from running import HANG_GUARD_S, REPO, run_script
 from helpers import config_value, dry_run, run_sweep, sweep_env
 from pretrain.metrics import read_metrics
 

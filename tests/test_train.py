@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, TRAINED_RUN, TRAINED_STEPS, micro_args, run_script, run_train
+from micro import TRAINED_RUN, TRAINED_STEPS, micro_args
+
+from running import REPO, run_script, run_train
 from pretrain.metrics import read_metrics
 from pretrain.shards import list_shards, read_shard
 

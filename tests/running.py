@@ -1,0 +1,164 @@
+"""How the tests run the repo's programs: a script or a command in a process of its own (run_script, with every
+wait bounded), a Python entry point in the test's own process (run_in_process, run_eval), train.py either way
+or under torchrun (run_train), each returning a Result."""
+
+import dataclasses
+import os
+import signal
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Time limits in tests only end hangs, never judge speed: 8 minutes is far beyond any correct run on a busy
+# machine. pytest-timeout (pytest.ini) ends any test after 10, dumping every thread's stack; this one, shorter,
+# lets a test that waits on processes kill them and say what it waited for.
+HANG_GUARD_S = 480
+# torchrun kills its ranks 30 s after relaying a signal; a busy machine may need longer to checkpoint
+TORCHRUN_GRACE = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(HANG_GUARD_S)}
+
+
+def cpu_threads():
+    """The CPU threads of one test process, as conftest.py set them (OMP_NUM_THREADS)."""
+    return max(1, int(os.environ.get("OMP_NUM_THREADS") or 1))
+
+
+@dataclasses.dataclass
+class Result:
+    """A finished script: its exit status (also as subprocess's returncode) and what it printed."""
+    args: list
+    status: int
+    stdout: str
+    stderr: str
+
+    @property
+    def returncode(self):
+        return self.status
+
+    @property
+    def output(self):
+        """stdout, then stderr."""
+        return self.stdout + self.stderr
+
+
+def run_script(cmd, *, cwd=REPO, env=None, timeout=HANG_GUARD_S):
+    """Run cmd (a program and its arguments, or a program alone) from cwd, the repo root unless told, and
+    return its Result; a Python script (.py) runs under the interpreter running pytest. env, when given,
+    is the whole environment. It runs in a session of its own: past timeout (a hang), the whole session is
+    killed, torchrun's ranks and a script's children with it, and the test fails saying so."""
+    import subprocess
+    args = [str(cmd)] if isinstance(cmd, (str, os.PathLike)) else [str(a) for a in cmd]
+    if args[0].endswith(".py"):
+        args.insert(0, sys.executable)
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    stdout, stderr = communicate(proc, timeout)
+    return Result(args, proc.returncode, stdout, stderr)
+
+
+def communicate(proc, timeout=HANG_GUARD_S):
+    """proc.communicate(), bounded: past timeout, proc's process group (start it with start_new_session=True)
+    is killed and the test fails. Returns (stdout, stderr)."""
+    import subprocess
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        proc.communicate()
+        pytest.fail(f"{proc.args} still ran after {timeout} s: a hang, killed with its process group")
+
+
+def kill_group(proc):
+    """SIGKILL proc's process group, if proc leads one that still lives."""
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except ProcessLookupError:
+        pass
+
+
+def run_in_process(cmd, env=None, cwd=REPO):
+    """Run a Python program of the repository in this process, as `python script args` or
+    `python -m module args` would run it from cwd (cmd: the script's path, relative to cwd, and its
+    arguments; or "-m", the module's name and its arguments), without the seconds a new Python spends
+    importing torch; returns its Result: exit status, stdout and stderr (warnings, and the traceback of a
+    crash with status 1, included). The working directory, sys.argv, sys.path, sys.modules' entry of the
+    module, the environment and the signal handlers are restored after. Not for a program that reads its
+    environment at import (the Hub's address), starts worker processes, or whose test needs a process of
+    its own to signal or kill."""
+    import contextlib
+    import io
+    import runpy
+    import traceback
+    import warnings
+    args = [str(a) for a in cmd]
+    module = args[1] if args[0] == "-m" else None
+    out, err = io.StringIO(), io.StringIO()
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    saved = dict(environ=dict(os.environ), cwd=os.getcwd(), argv=sys.argv, path=list(sys.path),
+                 module=sys.modules.pop(module, None) if module else None)  # `python -m` runs it afresh
+    os.environ.update(env or {})
+    os.chdir(cwd)
+    sys.argv = args[1:] if module else args  # run_module puts the module's file in sys.argv[0]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("always")  # a new process has seen none yet; Python ignores these there too:
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
+                sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))  # not pytest's
+            try:
+                if module:
+                    runpy.run_module(module, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(args[0], run_name="__main__")
+                status = 0
+            except SystemExit as e:  # sys.exit(status), sys.exit("message"), argparse's errors, --help
+                status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                if not isinstance(e.code, (int, type(None))):
+                    print(e.code, file=sys.stderr)
+            except Exception:
+                traceback.print_exc()
+                status = 1
+    finally:
+        os.chdir(saved["cwd"])
+        os.environ.clear()
+        os.environ.update(saved["environ"])
+        sys.argv, sys.path[:] = saved["argv"], saved["path"]
+        if saved["module"] is not None:
+            sys.modules[module] = saved["module"]
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    return Result(args, status, out.getvalue(), err.getvalue())
+
+
+def run_eval(script, *args, out):
+    """eval/<script> (in this process, as `python -m eval.<name>` runs it) writing to out: its Result, and the
+    JSON report it wrote there
+    (<script's name>.json). A failed run fails the test, with what it printed."""
+    import json
+    result = run_in_process(["-m", "eval." + script.removesuffix(".py"), *args, "--out", out])
+    assert result.status == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(os.path.join(out, script.replace(".py", ".json"))) as f:
+        return result, json.load(f)
+
+
+def run_train(args, nproc=1, check=True, env=None, script="train.py"):
+    """Run train.py (or a stand-in script) from the repo root, in this process (one process: the training is
+    the same, and a test spends its time training rather than starting Python), or under torchrun with nproc
+    processes; returns its Result. A run that logs to wandb, which takes over stdout, gets a process of its
+    own; a deadlock between processes ends after HANG_GUARD_S."""
+    if nproc == 1 and "--wandb_log=True" not in args:
+        result = run_in_process([script, *args], env)
+    else:
+        cmd = [script, *args] if nproc == 1 else \
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", script,
+             *args]
+        full_env = {**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, cpu_threads() // nproc)),
+                    **(env or {})}
+        result = run_script(cmd, env=full_env)
+    if check and result.status != 0:
+        raise AssertionError(f"train.py failed ({result.status}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
