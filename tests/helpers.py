@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from running import HANG_GUARD_S, REPO, run_script
 from model import GPT, GPTConfig
 from pretrain.metrics import read_metrics
 from pretrain.shards import list_shards, read_shard
+from running import HANG_GUARD_S, REPO, run_script
 
 # the document masks' eot_token in the toy vocabularies below: a token of theirs and of GPT-2's
 TOY_EOT = 7

@@ -6,10 +6,9 @@ import sys
 
 import pytest
 
-from micro import MICRO
-
-from running import REPO, run_script
 from helpers import write_fixture_tasks
+from micro import MICRO
+from running import REPO, run_script
 
 # scripts.bench run in a temporary directory (where its traces go): the repo's modules found through PYTHONPATH
 FROM_TMP_PATH = {**os.environ, "PYTHONPATH": REPO}

@@ -10,8 +10,8 @@ import statistics
 
 import pytest
 
-from running import run_in_process
 from pretrain.train_config import BOOKKEEPING_KEYS, TRAIN_KEYS, VARIANT_KEYS
+from running import run_in_process
 
 # Student t quantiles from a printed table, by degrees of freedom: 0.975 (95% intervals), 0.95 (90%)
 T_975 = {1: 12.706205, 2: 4.302653, 3: 3.182446, 4: 2.776445, 10: 2.228139, 30: 2.042272}

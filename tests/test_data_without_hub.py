@@ -9,11 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from prepare_helpers import DOWNLOAD, LOCK, PREPARE
-
-from running import HANG_GUARD_S, REPO, run_script
 from fakes.hub import no_hub_env, unavailable_hub
+from prepare_helpers import DOWNLOAD, LOCK, PREPARE
 from pretrain.shards import write_shard
+from running import HANG_GUARD_S, REPO, run_script
 
 
 HUB_DOWN = {  # offline mode, and a Hub that is unavailable

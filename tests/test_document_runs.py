@@ -6,11 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from micro import micro_args
-
-from running import run_train
 from helpers import PARALLEL_RUN, assert_same_training, unigram_cross_entropy
+from micro import micro_args
 from pretrain.metrics import read_metrics
+from running import run_train
 
 pytestmark = pytest.mark.slow  # every test trains
 

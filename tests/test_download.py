@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from prepare_helpers import DOWNLOAD, load_script
 from helpers import ETA, last_bar
+from prepare_helpers import DOWNLOAD, load_script
 from pretrain.shards import write_shard
 
 

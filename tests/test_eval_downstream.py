@@ -22,11 +22,11 @@ import tiktoken  # noqa: E402
 import yaml  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from running import REPO, run_in_process, run_script  # noqa: E402
 from eval.downstream import PAPER_TABLE2, TASKS, make_adapter_class  # noqa: E402
 from fakes.hub import NOWHERE, no_hub_env  # noqa: E402
 from helpers import INSTALLED_TASK_YAML, LM_EVAL_FIXTURES as FIXTURES, write_fixture_tasks  # noqa: E402
 from pretrain.checkpointer import list_checkpoints, load_model  # noqa: E402
+from running import REPO, run_in_process, run_script  # noqa: E402
 
 VOCAB = 50257
 

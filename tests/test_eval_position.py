@@ -11,12 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from micro import MICRO, micro_args
-
-from running import run_eval, run_in_process, run_train
 from eval.position_loss import bucket_losses, position_losses
+from micro import MICRO, micro_args
 from pretrain.checkpointer import load_model
 from pretrain.dataloader import val_sequences
+from running import run_eval, run_in_process, run_train
 
 
 @pytest.fixture(scope="module")

@@ -24,15 +24,14 @@ import torch
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from micro import MICRO
-
-from running import HANG_GUARD_S, REPO, run_eval, run_in_process
 from eval.similarity import QUANTITIES, similarity_stats, stats_over_batches
+from micro import MICRO
 from model import GPT, GPTConfig
 from pretrain import checkpointer
 from pretrain.checkpoint_format import save_sharded_checkpoint
 from pretrain.checkpointer import list_checkpoints, load_model
 from pretrain.dataloader import val_sequences
+from running import HANG_GUARD_S, REPO, run_eval, run_in_process
 
 
 def rotate(x, theta):

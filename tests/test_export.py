@@ -9,13 +9,12 @@ import sys
 import pytest
 import torch
 
-from micro import CORPUS
-
-from running import REPO, run_in_process, run_script
 from helpers import MODEL_VARIANTS, with_documents
+from micro import CORPUS
 from model import GPT, GPTConfig
 from pretrain.checkpoint_format import save_checkpoint
 from pretrain.train_config import make_config
+from running import REPO, run_in_process, run_script
 
 pytestmark = pytest.mark.slow  # each export builds a tokenizer and writes a model: seconds, not milliseconds
 

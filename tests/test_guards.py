@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from running import REPO
 from pretrain.guards import Guards
 from pretrain.train_config import make_config
+from running import REPO
 
 LOSSES = json.load(open(os.path.join(REPO, "tests", "fixtures", "losses.json")))
 

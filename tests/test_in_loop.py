@@ -19,14 +19,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("lm_eval")
 import tiktoken  # noqa: E402
 
-from micro import CORPUS, EOT, MICRO, micro_args  # noqa: E402
-from running import run_in_process, run_train  # noqa: E402
 from eval.downstream import TASKS  # noqa: E402
 from helpers import write_fixture_tasks  # noqa: E402
+from micro import CORPUS, EOT, MICRO, micro_args  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from pretrain.checkpointer import list_checkpoints, load_model  # noqa: E402
 from pretrain.dataloader import val_sequences  # noqa: E402
 from pretrain.metrics import read_metrics  # noqa: E402
+from running import run_in_process, run_train  # noqa: E402
 from train import evaluate, token_bytes  # noqa: E402
 
 pytestmark = pytest.mark.slow

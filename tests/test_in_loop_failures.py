@@ -16,10 +16,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from configurator import ConfigError  # noqa: E402
 from micro import micro_args  # noqa: E402
-from running import HANG_GUARD_S, REPO, run_in_process, run_script, run_train  # noqa: E402
 from pretrain.checkpointer import list_checkpoints  # noqa: E402
 from pretrain.metrics import read_metrics  # noqa: E402
 from pretrain.train_config import resolve  # noqa: E402
+from running import HANG_GUARD_S, REPO, run_in_process, run_script, run_train  # noqa: E402
 
 # a few steps, a checkpoint every 2: the passes run at steps 2 and 4
 SHORT = dict(max_iters=4, lr_decay_iters=4, eval_interval=2, checkpoint_interval=2, log_interval=1)

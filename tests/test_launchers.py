@@ -15,11 +15,10 @@ import time
 
 import pytest
 
-from micro import micro_args
-
-from running import HANG_GUARD_S, REPO, run_script
 from helpers import dry_run
+from micro import micro_args
 from pretrain.metrics import read_metrics
+from running import HANG_GUARD_S, REPO, run_script
 
 FOREVER = os.path.join(REPO, "scripts", "train_forever.sh")
 SLURM = os.path.join(REPO, "scripts", "slurm_train.sh")

@@ -8,11 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from micro import MICRO, make_optimizer
-
-from running import REPO
 from helpers import COMPILE_VARIANTS
+from micro import MICRO, make_optimizer
 from model import GPT, GPTConfig, exclude_self, exclude_self_reference
+from running import REPO
 
 
 def micro_model(seed=0, **overrides):

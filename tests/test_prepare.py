@@ -15,13 +15,12 @@ import pytest
 import tiktoken
 
 from micro import CORPUS, EOT
-
 from prepare_helpers import (PREPARE, SHARD_SIZE, VAL_TOKENS, leftover_temp_files, listed_shards, load_script,
                              prepare_args, run_prepare, shard_bytes, shard_paths, write_fineweb_parquet)
 
-from running import HANG_GUARD_S, REPO
 from data.fineweb.paragraphs import split_into_documents
 from pretrain.shards import read_header, read_shard, write_shard
+from running import HANG_GUARD_S, REPO
 
 
 def token_stream(out_dir):

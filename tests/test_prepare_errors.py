@@ -10,13 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from micro import CORPUS
-
-from prepare_helpers import LOCK, PREPARE, leftover_temp_files, listed_shards, load_script, prepare_args, run_prepare, shard_bytes
-
-from running import HANG_GUARD_S, run_script
 from fakes.hub import closed_port
+from micro import CORPUS
+from prepare_helpers import LOCK, PREPARE, leftover_temp_files, listed_shards, load_script, prepare_args, run_prepare, shard_bytes
 from pretrain.files import DirectoryLock
+from running import HANG_GUARD_S, run_script
 
 
 # -----------------------------------------------------------------------------

@@ -8,10 +8,9 @@ import subprocess
 import sys
 import termios
 
-from prepare_helpers import PREPARE, prepare_args, run_prepare
-
-from running import REPO
 from helpers import ETA, last_bar
+from prepare_helpers import PREPARE, prepare_args, run_prepare
+from running import REPO
 
 
 def run_on_a_terminal(cmd):

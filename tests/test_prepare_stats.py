@@ -12,7 +12,6 @@ import pytest
 import tiktoken
 
 from micro import EOT
-
 from prepare_helpers import VAL_TOKENS, leftover_temp_files, prepare_args, run_prepare
 from pretrain.shards import read_header, write_shard
 

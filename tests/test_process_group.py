@@ -7,7 +7,6 @@ import os
 import pytest
 
 from micro import micro_args
-
 from running import REPO, run_train
 
 

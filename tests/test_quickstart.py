@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from running import HANG_GUARD_S, REPO, run_script
 from helpers import config_value, sweep_env
 from pretrain.shards import list_shards, read_header
+from running import HANG_GUARD_S, REPO, run_script
 
 # quickstart.sh prepares data and trains in subprocesses: the slow tier
 pytestmark = pytest.mark.slow

@@ -10,13 +10,12 @@ import sys
 import pytest
 import torch
 
-from micro import make_optimizer, micro_args
-
-from running import run_script, run_train
 from helpers import RESUME, losses
+from micro import make_optimizer, micro_args
 from pretrain.checkpoint_format import save_checkpoint
 from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, prune_checkpoints
 from pretrain.metrics import read_metrics
+from running import run_script, run_train
 
 
 def digest(path):

@@ -12,12 +12,11 @@ import time
 import pytest
 
 
-from micro import micro_args
-
-from running import HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, cpu_threads, run_train
 from helpers import RESUME, losses
+from micro import micro_args
 from pretrain.checkpointer import list_checkpoints
 from pretrain.metrics import read_metrics
+from running import HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, cpu_threads, run_train
 
 
 @pytest.mark.slow

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from running import REPO, run_script
 from pretrain import runtime
 from pretrain.runtime import DeviceError, pick_device, setup_runtime
+from running import REPO, run_script
 
 
 @pytest.fixture

@@ -17,12 +17,12 @@ import pytest
 import torch
 from scipy.optimize import brentq
 
-from running import REPO, run_script
 from eval import scaling
 from model import GPT, GPTConfig
 from pretrain.metrics import MetricsLogger
 from pretrain.runtime import PEAK_BF16_FLOPS, provenance
 from pretrain.train_config import make_config, model_config, resolve
+from running import REPO, run_script
 
 HEAD_DIM = 32
 DEPTHS = (1, 2, 3, 4, 5)  # width 32 x depth, heads of 32: the tiny ladder's shapes and one more

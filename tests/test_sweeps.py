@@ -12,11 +12,10 @@ import time
 
 import pytest
 
-from micro import micro_args
-
-from running import HANG_GUARD_S, REPO, run_script
 from helpers import config_value, dry_run, run_sweep, sweep_env
+from micro import micro_args
 from pretrain.metrics import read_metrics
+from running import HANG_GUARD_S, REPO, run_script
 
 # every test starts a sweep script (scripts/*.sh), some train: the slow tier
 pytestmark = pytest.mark.slow

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from micro import TRAINED_RUN, TRAINED_STEPS, micro_args
-
-from running import REPO, run_script, run_train
 from pretrain.metrics import read_metrics
 from pretrain.shards import list_shards, read_shard
+from running import REPO, run_script, run_train
 
 # every test starts train.py or reads the runs it trained: the slow tier
 pytestmark = pytest.mark.slow
