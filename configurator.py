@@ -232,6 +232,15 @@ def run_config_file(path):
             and not isinstance(value, (types.ModuleType, types.FunctionType, type))}
 
 
+def print_help(text):
+    """Print --help's text and exit 0; a reader that stops early (`--help | head`) is not an error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+    sys.exit(0)
+
+
 def parse_config(keys, argv, prog="train.py"):
     """Resolve config files and overrides against the keys ({name: Key}).
     Returns ({key: value} in the order of keys, the config files used)."""
@@ -239,8 +248,7 @@ def parse_config(keys, argv, prog="train.py"):
     config_files = []
     for arg in argv:
         if arg in ("-h", "--help"):
-            print(format_help(keys, prog))
-            sys.exit(0)
+            print_help(format_help(keys, prog))
         if not arg.startswith("--"):
             if not os.path.isfile(arg):
                 raise ConfigError(f"config file {arg!r} does not exist")

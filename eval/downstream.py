@@ -295,9 +295,12 @@ class InLoopDownstream:
         for name in self.names:
             if name not in self.task_manager.task_index:
                 where = "downstream_include_path does not define it" if include_path else "lm-eval does not define it"
-                raise ConfigError(unknown_task(name, self.task_manager, where))
+                raise ConfigError(include_path_problem(include_path) or unknown_task(name, self.task_manager, where))
         import datasets
-        datasets.disable_progress_bars()  # its bars for preparing the tasks' data: noise in a training log
+        import huggingface_hub
+        # their bars for fetching and preparing the tasks' data: noise in a training log
+        datasets.disable_progress_bars()
+        huggingface_hub.utils.disable_progress_bars()
         if runtime.distributed and not runtime.is_main:
             dist.barrier()  # the main process fills the datasets cache, the others then read it
         try:
@@ -398,8 +401,32 @@ def task_names(parser, args, task_manager):
         if name not in task_manager.task_index:
             where = f"--include_path {args.include_path} does not define it" if args.no_default_tasks else \
                 "lm-eval and --include_path do not define it"
-            parser.error(unknown_task(name, task_manager, where))
+            problem = include_path_problem(args.include_path)
+            parser.error((problem.replace("downstream_include_path", "--include_path") if problem else None)
+                         or unknown_task(name, task_manager, where))
     return names
+
+
+def include_path_problem(include_path):
+    """Why a folder of task YAMLs may not define a task it was meant to, in one line, or None: it holds no YAML
+    file, or one that does not parse (lm-eval skips such a file, so its task reads as unknown)."""
+    if not include_path:
+        return None
+    import yaml
+
+    class AnyTags(yaml.SafeLoader):  # lm-eval's YAMLs tag functions (!function utils.process_docs)
+        pass
+    AnyTags.add_multi_constructor("", lambda loader, suffix, node: None)
+    files = sorted(glob.glob(os.path.join(include_path, "**", "*.yaml"), recursive=True))
+    if not files:
+        return f"downstream_include_path {shown(include_path)} defines no task: it holds no .yaml file"
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                yaml.load(f, Loader=AnyTags)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            return f"task file {shown(path)} cannot be read ({exits.one_line(e)}): lm-eval skips it"
+    return None
 
 
 def unknown_task(name, task_manager, where):

@@ -195,13 +195,26 @@ def flop_shares(c, downstream_tokens):
     return downstream, similarity
 
 
-def in_loop_cost(c, model, runtime, dtype, step_seconds, tokens_per_step):
+def in_loop_downstream(c, runtime):
+    """The in-loop downstream evaluation of train.py for the config c, its tasks loaded and checked (an error is
+    one line and an exit, as in train.py)."""
+    from eval.common import gpt2_encoding_or_exit
+    from eval.downstream import InLoopDownstream
+    gpt2_encoding_or_exit()  # downstream scoring tokenizes with it
+    try:
+        return InLoopDownstream(c.downstream_tasks, c.downstream_limit, c.downstream_include_path, runtime,
+                                c.block_size)
+    except ConfigError as e:
+        exits.fail(f"config error: {e}", exits.CONFIG_ERROR)
+
+
+def in_loop_cost(c, model, runtime, dtype, step_seconds, tokens_per_step, downstream):
     """Time one similarity pass and one downstream evaluation (the second of two: the first builds lm-eval's
     caches) of the model on this process; print them as shares of the training between two evaluations at
     the config's intervals, measured here (train.py's step of total_batch_size tokens being total_batch_size /
     tokens_per_step bench steps), and as FLOP shares, here and for the paper's configs at their intervals with
     the forward tokens per example measured here."""
-    from eval.downstream import InLoopDownstream, working_dir
+    from eval.downstream import working_dir
     from eval.similarity import in_loop_record
     step_seconds *= c.total_batch_size / tokens_per_step
     batch = torch.randint(0, min(50257, c.vocab_size), (c.batch_size, c.block_size))
@@ -211,8 +224,6 @@ def in_loop_cost(c, model, runtime, dtype, step_seconds, tokens_per_step):
         in_loop_record(model, batch, runtime, dtype)
         similarity_times.append(time.perf_counter() - started)
     similarity_s = statistics.median(similarity_times)
-    downstream = InLoopDownstream(c.downstream_tasks, c.downstream_limit, c.downstream_include_path, runtime,
-                                  c.block_size)
     for _ in range(2):
         started = time.perf_counter()
         downstream(model, runtime, dtype, c.batch_size)
@@ -257,6 +268,15 @@ def main():
     dtype = resolve_dtype(c.dtype, device_type)
     if device_type == "cuda":
         enable_tf32()
+    given = [a for a in argv if not a.startswith("--")]
+    print(f"bench: {', '.join(variants)} at {c.n_layer} x {c.n_embd} ({c.n_head} heads), {c.batch_size} x "
+          f"{c.block_size} tokens per step, on {device} in {dtype}, compile {c.compile}: {c.bench_warmup} warm-up "
+          f"steps and {c.bench_rounds} rounds of {c.bench_steps} steps per variant"
+          + ("" if given else "; no config file given: train.py's defaults (a 124M model), e.g. config/sa_tiny.py "
+                              "for a small one"), flush=True)
+    # the in-loop evaluation's tasks are loaded and checked before any timing: a task that cannot be scored
+    # fails here, not after minutes of benchmarking
+    in_loop_tasks = in_loop_downstream(variants[next(iter(variants))], runtime) if c.bench_in_loop else None
     vocab = min(50257, c.vocab_size)  # GPT-2's ids, or fewer for a smaller vocabulary
     x = torch.randint(0, vocab, (c.batch_size, c.block_size), device=device)
     if c.attn_mask == "document":
@@ -337,7 +357,7 @@ def main():
     if c.bench_in_loop:
         baseline_run = runs[baseline]
         results["in_loop"] = in_loop_cost(variants[baseline], baseline_run["model"], runtime, dtype,
-                                          base["ms_per_step"] / 1000, tokens_per_step)
+                                          base["ms_per_step"] / 1000, tokens_per_step, in_loop_tasks)
     if c.bench_json:
         with open(c.bench_json, "w") as f:
             json.dump({"config": c.to_dict(), "device": device_name, "dtype": dtype, "results": results, "sdpa_backend": backend,

@@ -119,11 +119,15 @@ PY
 }
 
 sweep_begin sweep_ladder "sweep_ladder_${SIZES}_{sa,xsa}" "$@"
-[[ $TOKENS_PER_PARAM =~ ^[0-9]*\.?[0-9]+$ ]] && [[ ! $TOKENS_PER_PARAM =~ ^[0.]+$ ]] ||
-    die "TOKENS_PER_PARAM=$TOKENS_PER_PARAM: expected a positive number"
+# a positive number: 20, 0.5, 1e3, 2.5E-1
+[[ $TOKENS_PER_PARAM =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$ ]] &&
+    awk -v t="$TOKENS_PER_PARAM" 'BEGIN { exit !(t + 0 > 0) }' ||
+    die "TOKENS_PER_PARAM=$TOKENS_PER_PARAM: expected a positive number (e.g. 20, 0.5, 1e3)"
 for depth in $DEPTHS; do
     [[ $depth =~ ^[1-9][0-9]*$ ]] || die "DEPTHS: '$depth' is not a positive number of layers"
 done
+read -ra rung_words <<<"$DEPTHS $PAPER_RUNGS"
+((${#rung_words[@]})) || die "DEPTHS='$DEPTHS'${PAPER_RUNGS:+ and PAPER_RUNGS='$PAPER_RUNGS'}: the ladder has no rungs"
 for rung in $PAPER_RUNGS; do
     [[ " $BASES " == *" $rung "* ]] || die "PAPER_RUNGS: '$rung' is not one of the paper's configs ($BASES)"
 done

@@ -8,7 +8,7 @@ import pytest
 
 from helpers import write_fixture_tasks
 from micro import MICRO
-from running import REPO, run_script
+from running import REPO, run_in_process, run_script
 
 # scripts.bench run in a temporary directory (where its traces go): the repo's modules found through PYTHONPATH
 FROM_TMP_PATH = {**os.environ, "PYTHONPATH": REPO}
@@ -258,3 +258,17 @@ def test_benchmark_documents_have_log_normal_lengths_around_the_median():
     assert 320 < lengths.median() < 500  # the median asked for, within 3 sampling errors (~7% each)
     assert lengths.log().std() == pytest.approx(1.0, abs=0.2)  # sigma 1
     assert torch.equal(with_documents(x, 400, 50256), with_documents(x, 400, 50256))  # the same tokens every time
+
+
+def test_bench_says_what_it_times_and_checks_in_loop_tasks_before_timing(tmp_path):
+    """Without a config file it says so at once (train.py's defaults are a 124M model); with --bench_in_loop=True a
+    task it cannot score ends it in one line before any variant is built or timed."""
+    tasks = write_fixture_tasks(tmp_path / "tasks")
+    result = run_in_process(["-m", "scripts.bench", "--device=cpu", "--compile=False", "--bench_in_loop=True",
+                             f"--downstream_include_path={tasks}", "--downstream_tasks=arc_easy,hellaswg",
+                             "--bench_rounds=1000000"])
+    assert result.status == 2, result.output[-2000:]
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("bench: sa, xsa at 12 x 768") and "no config file given: train.py's defaults" in first
+    assert "ms/step" not in result.stdout  # nothing was timed
+    assert result.stderr.strip().splitlines()[-1].startswith("config error: unknown task hellaswg")

@@ -250,3 +250,17 @@ def test_train_text_keys_take_numbers_as_text():
     c, _ = train_config.resolve(["config/sa_tiny.py", "--wandb_run_name=2024", "--out_dir=123", "--wandb_group=7"])
     assert (c.wandb_run_name, c.out_dir, c.wandb_group) == ("2024", "123", "7")
     assert train_config.resolve(["--wandb_group=None"])[0].wandb_group == "run"  # None: derived, as the default
+
+
+@pytest.mark.parametrize("program", [["train.py"], ["-m", "scripts.bench"]])
+def test_help_into_a_closed_pipe_is_not_an_error(program):
+    """`python train.py --help | head`: the reader goes away before the text is written; --help still exits 0, with
+    no BrokenPipeError traceback."""
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, *program, "--help"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader is gone before anything is printed
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr

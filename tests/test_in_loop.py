@@ -7,6 +7,7 @@ run before it writes anything. All offline, on the local copies of the paper's 8
 import json
 import math
 import os
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -227,12 +228,21 @@ def test_in_loop_evaluation_leaves_the_training_untouched(runs, data_dir, tmp_pa
     ("unknown task", 2, "unknown task hellaswg: downstream_include_path does not define it; close: hellaswag"),
     ("missing include path", 2, "downstream_include_path"),
     ("no hub", 3, "cannot load task arc_easy"),
+    ("a broken task file", 2, "broken.yaml cannot be read (ParserError"),
+    ("an empty include folder", 2, "defines no task: it holds no .yaml file"),
 ])
 def test_a_task_that_cannot_be_evaluated_stops_the_run_before_it_writes_anything(data_dir, tasks, tmp_path, case,
                                                                                  status, says):
+    broken, empty = tmp_path / "broken_tasks", tmp_path / "empty_tasks"
+    shutil.copytree(tasks, broken)
+    (broken / "broken.yaml").write_text("task: hellaswag\ndataset_path: [unclosed\n  : :\n")
+    os.remove(next(broken.rglob("hellaswag*.yaml")))  # the broken file stands where hellaswag's was
+    empty.mkdir()
     settings = {"unknown task": dict(downstream_include_path=tasks, downstream_tasks="arc_easy,hellaswg"),
                 "missing include path": dict(downstream_include_path=str(tmp_path / "no_such_folder")),
-                "no hub": dict(downstream_tasks="arc_easy")}[case]  # offline, and nothing in the cache
+                "no hub": dict(downstream_tasks="arc_easy"),  # offline, and nothing in the cache
+                "a broken task file": dict(downstream_include_path=str(broken), downstream_tasks="hellaswag"),
+                "an empty include folder": dict(downstream_include_path=str(empty), downstream_tasks="arc_easy")}[case]
     out = tmp_path / "run"
     result = run_train(micro_args(data_dir, str(out), downstream_interval=5, **settings), check=False,
                        env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",

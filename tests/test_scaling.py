@@ -513,3 +513,16 @@ def test_ladder_rungs_grow_in_depth_and_width_with_model_py_counts(tmp_path, mon
         if rung["name"].startswith("d"):
             expected = config_value(anchor, "learning_rate") * config_value(anchor, "n_embd") / int(rung["n_embd"])
             assert float(rung["lr"]) == pytest.approx(expected, rel=5e-3)
+
+
+@pytest.mark.slow
+def test_ladder_settings_are_read_as_written(tmp_path):
+    """TOKENS_PER_PARAM in scientific notation is a number; DEPTHS of blanks is no ladder, refused in one line
+    before anything runs (it planned an empty rung and failed on config/sa_.py)."""
+    rungs, _, _ = dry_run_ladder(tmp_path, SIZES="tiny", TOKENS_PER_PARAM="1e3", DEPTHS="1 2")
+    assert [int(r["tokens"]) >= 1000 * int(r["params"]) for r in rungs] == [True, True]
+    keep = {k: v for k, v in os.environ.items() if k not in ("DEPTHS", "SEEDS", "TOKENS_PER_PARAM")}
+    proc = run_script([os.path.join(REPO, "scripts", "sweep_ladder.sh")], cwd="/",
+                      env={**keep, "DRY_RUN": "1", "SIZES": "tiny", "DEPTHS": "   ", "OUT_ROOT": str(tmp_path),
+                           "DATA_DIR": str(tmp_path / "shards")})
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: DEPTHS='   ': the ladder has no rungs"
