@@ -605,6 +605,8 @@ def run(argv):
         if not runtime.distributed or not (failure := collective_failure(e, c)):
             raise
         status = exits.error(f"[rank {runtime.rank}] error: {failure[0]}", failure[1])
+        if failure[1] == exits.RETRY:  # another process failed first: its status is the launch's
+            status = FollowedAnother(status)
     finally:
         log.finish()
         if status == 0:
@@ -628,13 +630,16 @@ def collective_failure(e, c):
     return None
 
 
+class FollowedAnother(int):
+    """The exit status of a process that stopped because another one of the run ended first: the launch's status
+    is that one's, so this one is not written to TRAIN_EXIT_STATUS_FILE."""
+
+
 def main():
     status = run(sys.argv[1:])
-    # torchrun and srun exit 1 whatever their processes chose: a launching script reads the status here. The
-    # first process to fail names it: one whose peer ended first only follows (collective_failure)
-    path = os.environ.get("TRAIN_EXIT_STATUS_FILE")
-    if status and path and not (os.path.exists(path) and os.path.getsize(path)):
-        write_atomically(path, lambda f: f.write(f"{status}\n".encode()))
+    # torchrun and srun exit 1 whatever their processes chose: a launching script reads the status here
+    if status and os.environ.get("TRAIN_EXIT_STATUS_FILE") and not isinstance(status, FollowedAnother):
+        write_atomically(os.environ["TRAIN_EXIT_STATUS_FILE"], lambda f: f.write(f"{status}\n".encode()))
     sys.exit(status)
 
 

@@ -28,7 +28,7 @@ def test_a_slow_checkpoint_write_within_the_timeout_finishes(data_dir, tmp_path)
 @pytest.mark.slow
 def test_a_timeout_shorter_than_the_write_ends_in_one_line_naming_the_key(data_dir, tmp_path):
     """The waiting rank stops with a line that names dist_timeout_s and exit status 3 (raising it, not
-    relaunching, is the fix); rank 0, whose peer is gone, says so and leaves the first status in place."""
+    relaunching, is the fix); rank 0, whose peer is gone, says so and leaves the status file to rank 1."""
     result = slow_run(data_dir, tmp_path / "run", 3, 10, tmp_path / "status")
     assert result.status != 0
     lines = [line for line in result.stderr.splitlines() if "dist_timeout_s = 3 s" in line]
