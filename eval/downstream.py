@@ -297,14 +297,12 @@ class InLoopDownstream:
                 where = "downstream_include_path does not define it" if include_path else "lm-eval does not define it"
                 raise ConfigError(include_path_problem(include_path) or unknown_task(name, self.task_manager, where))
         import datasets
-        import huggingface_hub
-        # their bars for fetching and preparing the tasks' data: noise in a training log
-        datasets.disable_progress_bars()
-        huggingface_hub.utils.disable_progress_bars()
+        datasets.disable_progress_bars()  # its bars for preparing the tasks' data: noise in a training log
         if runtime.distributed and not runtime.is_main:
             dist.barrier()  # the main process fills the datasets cache, the others then read it
         try:
-            self.tasks = load_tasks(self.task_manager, self.names)
+            with hub_bars_off():  # the Hub's download bars too, while the tasks load (and no longer)
+                self.tasks = load_tasks(self.task_manager, self.names)
         finally:  # also when it fails: the others then fail on their own, instead of waiting here
             if runtime.distributed and runtime.is_main:
                 dist.barrier()
@@ -405,6 +403,19 @@ def task_names(parser, args, task_manager):
             parser.error((problem.replace("downstream_include_path", "--include_path") if problem else None)
                          or unknown_task(name, task_manager, where))
     return names
+
+
+@contextlib.contextmanager
+def hub_bars_off():
+    """huggingface_hub's progress bars off inside, as they were after (a global setting of the process)."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    was_off = are_progress_bars_disabled()
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_off:
+            enable_progress_bars()
 
 
 def include_path_problem(include_path):
