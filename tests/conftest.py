@@ -33,8 +33,10 @@ os.environ["GIT_CONFIG_GLOBAL"] = os.path.join(REPO, "tests", "fixtures", "trust
 # Tests started in the background (nohup, `&` in a script) inherit SIGINT ignored, and so would the scripts
 # they start, whose Ctrl-C handling the tests check: a shell cannot trap a signal ignored at its start.
 # Handled here, it is default again in every child (pytest-xdist runs tests in the main thread).
+# nohup leaves SIGHUP ignored the same way: default again, for the launchers' SIGHUP tests.
 if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def usable_cores():
