@@ -917,10 +917,10 @@ def band(curves):
     return curves.mean(axis=0) - half, curves.mean(axis=0) + half
 
 
-def split_at_ladder(ax, xs, ys, inside, **style):
-    """ys against xs: solid where inside, dashed where extrapolated."""
-    for mask, ls in ((inside, "-"), (~inside, "--")):
-        ax.plot(np.where(mask, xs, np.nan), ys, ls=ls, **style)
+def split_at_ladder(ax, xs, ys, inside, label, **style):
+    """ys against xs: solid where inside, dashed where extrapolated; one legend entry."""
+    ax.plot(np.where(inside, xs, np.nan), ys, ls="-", label=label, **style)
+    ax.plot(np.where(~inside, xs, np.nan), ys, ls="--", **style)
 
 
 def plot_gap(ax, points, paper, point, seed_fits, markers):
