@@ -157,6 +157,7 @@ def test_the_shared_floor_fit_recovers_E_both_alphas_k_and_gamma_on_each_axis():
         assert scaling.log_multiplier(compute, XSA_GROWING, SA_LAW) == pytest.approx(closed, rel=1e-9)
 
 
+@pytest.mark.slow  # the whole command, plot included
 def test_a_constant_multiplier_is_recovered_at_every_rung_and_at_the_paper_sizes(
         tmp_path, capsys, monkeypatch, run_provenance):
     monkeypatch.chdir(REPO)  # the paper's config files are read from the repo root, as with python -m
@@ -202,6 +203,7 @@ def test_a_constant_multiplier_is_recovered_at_every_rung_and_at_the_paper_sizes
     assert not [f for f in os.listdir(tmp_path / "fit") if ".tmp" in f]  # written atomically
 
 
+@pytest.mark.slow  # the whole command, plot included
 def test_a_growing_multiplier_gives_a_growth_interval_above_zero_around_the_truth(tmp_path, capsys, run_provenance):
     report, table, _, _ = fit(tmp_path, capsys, {"sa": SA_LAW, "xsa": XSA_GROWING}, (1, 2, 3), run_provenance)
     true_gamma = scaling.growth(XSA_GROWING, SA_LAW)
@@ -216,6 +218,7 @@ def test_a_growing_multiplier_gives_a_growth_interval_above_zero_around_the_trut
     assert slope["ci"][1] < 0 and "XSA's lead in loss widens with size" in table
 
 
+@pytest.mark.slow  # the whole command, plot included
 def test_the_loss_gap_and_the_multiplier_pointing_different_ways_is_said(tmp_path, capsys, run_provenance):
     """A multiplier that grows slowly (gamma = 0.02) beside a loss gap that narrows with size, as one floor
     makes it: both verdicts are printed and the disagreement is named."""
@@ -226,6 +229,7 @@ def test_the_loss_gap_and_the_multiplier_pointing_different_ways_is_said(tmp_pat
     assert "The two point different ways" in table
 
 
+@pytest.mark.slow  # the whole command, plot included
 def test_one_seed_gives_no_interval_and_two_seeds_give_one(tmp_path, capsys, run_provenance):
     """3 sizes and one seed: no interval at all (a bootstrap over 3 points gave zero-width ones); 2 seeds:
     intervals of positive width, and the note on 1 degree of freedom."""
@@ -247,6 +251,7 @@ def test_one_seed_gives_no_interval_and_two_seeds_give_one(tmp_path, capsys, run
     assert report["intervals"]["coverage"] is not None and report["intervals"]["coverage"] >= 0.9
 
 
+@pytest.mark.slow  # the whole command, plot included
 def test_seeds_missing_a_size_are_left_out_of_the_fit_and_named(tmp_path, capsys, run_provenance):
     """Mid-sweep: seeds 1 and 2 have the whole ladder, seed 3 only its lower rungs."""
     laws = {"sa": SA_LAW, "xsa": XSA_CONSTANT}
@@ -274,6 +279,7 @@ def test_a_ladder_whose_loss_does_not_fall_identifies_no_law(tmp_path, capsys, r
     assert not os.path.exists(tmp_path / "fit" / "scaling.json")
 
 
+@pytest.mark.slow  # the whole command, plot included
 def test_separate_floors_say_that_k_beyond_the_ladder_is_not_identified(tmp_path, capsys, run_provenance):
     write_ladder(tmp_path / "runs", {"sa": SA_LAW, "xsa": XSA_CONSTANT}, (1, 2), run_provenance)
     status, _, err = run_main(capsys, tmp_path / "runs", "--out", tmp_path / "fit", "--separate_floors")
@@ -352,6 +358,7 @@ def test_too_few_sizes_is_not_identified(tmp_path, capsys, run_provenance):
     assert not os.path.exists(tmp_path / "fit" / "scaling.json")
 
 
+@pytest.mark.slow  # the whole command, plot included
 def test_unfinished_runs_are_named_and_left_out(tmp_path, capsys, monkeypatch, run_provenance):
     """Two seeds, SA and XSA drawn from one law: the unfinished runs are named and not fitted (their seed
     then lacks sizes and is left out as a whole), and the output says where the gap's interval spans zero."""
