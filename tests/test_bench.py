@@ -260,6 +260,7 @@ def test_benchmark_documents_have_log_normal_lengths_around_the_median():
     assert torch.equal(with_documents(x, 400, 50256), with_documents(x, 400, 50256))  # the same tokens every time
 
 
+@pytest.mark.slow
 def test_bench_says_what_it_times_and_checks_in_loop_tasks_before_timing(tmp_path):
     """Without a config file it says so at once (train.py's defaults are a 124M model); with --bench_in_loop=True a
     task it cannot score ends it in one line before any variant is built or timed."""

@@ -252,6 +252,7 @@ def test_train_text_keys_take_numbers_as_text():
     assert train_config.resolve(["--wandb_group=None"])[0].wandb_group == "run"  # None: derived, as the default
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program", [["train.py"], ["-m", "scripts.bench"]])
 def test_help_into_a_closed_pipe_is_not_an_error(program):
     """`python train.py --help | head`: the reader goes away before the text is written; --help still exits 0, with
