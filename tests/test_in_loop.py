@@ -262,6 +262,7 @@ def test_the_default_tasks_are_the_papers_8_and_the_paper_configs_evaluate_them(
     assert resolve(["config/xsa_tiny.py"])[0].downstream_interval == 0  # the tiny configs leave it off
 
 
+@pytest.mark.slow
 def test_samples_of_a_model_with_compiled_blocks_run_eagerly():
     """Under FSDP each block is compiled on its own (parallelize.py) and train.py samples from that model:
     decoding with the KV cache, a new length at every token, must not compile (and recompile) the blocks,
