@@ -500,11 +500,14 @@ def train_loop(c, training, runtime, log, state):
         if val_loss is not None:
             state.best_val_loss = min(state.best_val_loss, val_loss)
         checkpoint = None
+        in_loop = plan.similarity or plan.downstream
+        if plan.log and not in_loop:  # the record before the checkpoint: a kill between the two loses no record
+            log_step(log, c, step, lr, result, pace, measured, seconds)
         if plan.checkpoint:  # before the in-loop passes: a failure in one of them never costs the step's training
             state.elapsed_s = pace.elapsed()
             checkpoint = write_step_checkpoint(training, state, loader_position, result, val_loss, c, log)
         failure = in_loop_passes(c, training, runtime, plan, step, measured, seconds)
-        if plan.log or failure:  # the step's record, with what it measured
+        if (plan.log and in_loop) or (failure and not plan.log):  # the record with what the passes measured
             log_step(log, c, step, lr, result, pace, measured, seconds)
         if plan.sample and not failure:
             try:
