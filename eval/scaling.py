@@ -723,31 +723,30 @@ def floor_notes(report):
     return said
 
 
+def verdict(entry, sign):
+    """What an interval says of a quantity for XSA: None without an interval, 0 where it spans zero, else +1 where
+    the quantity's sign (times `sign`: -1 for a quantity where lower favours XSA) favours XSA, -1 where not."""
+    if entry["ci"] is None:
+        return None
+    if entry["spans_zero"]:
+        return 0
+    return sign if entry["ci"][0] > 0 else -sign
+
+
 def trend_notes(report):
     """gamma and the gap's slope in words, and where they point different ways."""
     g, slope = report["growth"], report["gap_trend"]
+    verdict_g, verdict_s = verdict(g, 1), verdict(slope, -1)  # a falling XSA - SA difference: XSA's lead widens
     said = []
-    if g["ci"] is None:
-        verdict_g = None
-    elif g["spans_zero"]:
-        verdict_g = 0
-        said.append(f"gamma = {g['value']:+.3f} [{g['ci'][0]:+.3f}, {g['ci'][1]:+.3f}] includes 0: a compute "
-                    f"multiplier that stays constant with scale fits these runs.")
-    else:
-        verdict_g = 1 if g["ci"][0] > 0 else -1
-        said.append(f"gamma = {g['value']:+.3f} [{g['ci'][0]:+.3f}, {g['ci'][1]:+.3f}] excludes 0: XSA's compute "
-                    f"multiplier {'grows' if verdict_g > 0 else 'shrinks'} with compute.")
-    if slope["ci"] is None:
-        verdict_s = None
-    elif slope["spans_zero"]:
-        verdict_s = 0
+    if verdict_g is not None:
+        said.append(f"gamma = {g['value']:+.3f} [{g['ci'][0]:+.3f}, {g['ci'][1]:+.3f}] " + (
+            "includes 0: a compute multiplier that stays constant with scale fits these runs." if verdict_g == 0 else
+            f"excludes 0: XSA's compute multiplier {'grows' if verdict_g > 0 else 'shrinks'} with compute."))
+    if verdict_s is not None:
         said.append(f"The loss gap's slope, {slope['value']:+.4f} per decade of N [{slope['ci'][0]:+.4f}, "
-                    f"{slope['ci'][1]:+.4f}], includes 0: no trend of ΔL with size is resolved.")
-    else:
-        verdict_s = 1 if slope["ci"][1] < 0 else -1  # a falling XSA - SA difference: XSA's lead widens
-        said.append(f"The loss gap's slope, {slope['value']:+.4f} per decade of N [{slope['ci'][0]:+.4f}, "
-                    f"{slope['ci'][1]:+.4f}], excludes 0: XSA's lead in loss "
-                    f"{'widens' if verdict_s > 0 else 'narrows'} with size.")
+                    f"{slope['ci'][1]:+.4f}], " + (
+                        "includes 0: no trend of ΔL with size is resolved." if verdict_s == 0 else
+                        f"excludes 0: XSA's lead in loss {'widens' if verdict_s > 0 else 'narrows'} with size."))
     if verdict_g is not None and verdict_s is not None and verdict_g * verdict_s < 0:
         said.append("The two point different ways: in compute XSA's advantage "
                     f"{'grows' if verdict_g > 0 else 'shrinks'}, in loss it {'widens' if verdict_s > 0 else 'narrows'} "
