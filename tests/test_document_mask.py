@@ -169,6 +169,7 @@ def test_document_masked_variants_trace_as_one_graph_without_a_break(variant):
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["sinks", "gated"])
 def test_compiled_document_masked_forward_and_backward_match_eager(variant):
     import torch._dynamo as dynamo

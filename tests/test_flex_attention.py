@@ -1,7 +1,7 @@
 """FlexAttention, the document mask's kernel on CUDA, run on the CPU (forward only: it has no CPU backward there):
 equal to the dense mask, one graph under torch.compile, and a FlexAttention prefill continued by cached decoding.
 Each variant compiles FlexAttention's kernels anew, seconds on the CPU: a file of its own, so that pytest-xdist
-runs it beside the rest."""
+runs it beside the rest, and in the slow tier."""
 
 import pytest
 import torch
@@ -10,6 +10,8 @@ from helpers import (COMPILE_VARIANTS, DOCUMENT_VARIANTS, assert_similarity_read
                      documents, explain, packed_batch)
 import model as model_module
 from model import flex_attention_devices
+
+pytestmark = pytest.mark.slow  # every test compiles
 
 
 def use_flex_on_cpu(monkeypatch, backend):
@@ -47,8 +49,7 @@ INDUCTOR_CPU_GQA_FAULT = pytest.mark.xfail(
 
 
 @pytest.mark.parametrize("variant,backend", [(v, "eager") for v in DOCUMENT_VARIANTS] + [
-    pytest.param("xsa_sinks", "inductor", marks=pytest.mark.slow),
-    pytest.param("gated_gqa", "inductor", marks=[pytest.mark.slow, INDUCTOR_CPU_GQA_FAULT])])
+    ("xsa_sinks", "inductor"), pytest.param("gated_gqa", "inductor", marks=INDUCTOR_CPU_GQA_FAULT)])
 def test_flex_attention_equals_the_dense_mask(variant, backend, monkeypatch):
     use_flex_on_cpu(monkeypatch, backend)
     model = document_model(dtype=torch.float32, **DOCUMENT_VARIANTS[variant])

@@ -89,6 +89,7 @@ def test_compiled_two_process_training_with_recomputed_blocks_matches_eager(data
     assert set(model.state_dict()) == set(load_model(one_process["xsa"])[0].state_dict())
 
 
+@pytest.mark.slow
 def test_a_recomputed_block_compiles_on_its_own():
     """FSDP compiles block by block: a block whose forward runs under activation checkpointing must still
     give dynamo a graph (it skips torch's checkpoint when that is the compiled frame itself)."""

@@ -460,6 +460,7 @@ def test_a_spike_on_the_last_step_is_not_a_finished_run(data_dir, tmp_path):
     assert [os.path.basename(p) for p in list_checkpoints(out)][-1] == "ckpt_0000008.pt"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["lr[3e-3]", "run *?", "seed 1 [a-z]"])
 def test_an_out_dir_with_glob_characters_and_spaces_resumes(data_dir, tmp_path, uninterrupted, name):
     """Sweeps name runs after their settings; glob must not read the name as a pattern (it once made the
@@ -474,6 +475,7 @@ def test_an_out_dir_with_glob_characters_and_spaces_resumes(data_dir, tmp_path, 
     assert not os.path.exists(os.path.join(out, "ckpt_0000008.tmp"))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_before_the_decay_key_resumes(data_dir, tmp_path, uninterrupted):
     """Checkpoints written before param groups said whether they decay (and, before Muon, which algorithm
     and learning-rate scale they take): the groups are matched in order
