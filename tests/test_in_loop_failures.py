@@ -99,6 +99,18 @@ def test_without_gpt2s_encoding_a_run_that_needs_it_stops_before_it_writes_anyth
 
 
 @pytest.mark.slow
+def test_without_gpt2s_encoding_a_run_that_does_not_need_it_trains_and_logs_no_val_bpb(data_dir, tmp_path):
+    """Bits per byte need each token's text; without the encoding the run says so in its log and trains on."""
+    out = tmp_path / "run"
+    result = run_script([sys.executable, "train.py", *micro_args(data_dir, str(out), **{**SHORT, "max_iters": 2})],
+                        env=no_tokenizer_env(tmp_path))
+    assert result.status == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "val_bpb is not logged: cannot load GPT-2's encoding" in result.output
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records if "val_loss" in r] == [2] and not any("val_bpb" in r for r in records)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["eval.downstream", "eval.sample"])
 def test_the_eval_scripts_without_gpt2s_encoding_end_in_one_line(data_dir, tasks, tmp_path, script):
     out = str(tmp_path / "run")
