@@ -187,15 +187,27 @@ def test_bits_per_byte_leave_out_the_end_of_text_and_padded_ids(world_size):
     assert (sums[0] / sums[1]).item() == pytest.approx(losses.mean().item(), rel=1e-6)
 
 
+def passes_at_step_4(tasks):
+    """4 steps, every in-loop pass at step 4."""
+    return dict(max_iters=4, eval_interval=4, checkpoint_interval=0, downstream_interval=4, downstream_limit=LIMIT,
+                downstream_include_path=tasks)
+
+
+@pytest.fixture(scope="module")
+def one_process_passes(data_dir, tasks, tmp_path_factory):
+    """A one-process run with every pass at step 4: the rows the two-process runs must log."""
+    out = str(tmp_path_factory.mktemp("passes_one_process"))
+    run_train(micro_args(data_dir, out, **passes_at_step_4(tasks)))
+    return out
+
+
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_two_processes_log_the_rows_of_one(data_dir, tasks, tmp_path, parallelism):
+def test_two_processes_log_the_rows_of_one(data_dir, tasks, one_process_passes, tmp_path, parallelism):
     """The requests split across the processes (each scoring whole batches of the one-process batching) and
     gathered; the similarity sums gathered likewise; under FSDP every process runs the same forwards."""
-    settings = dict(max_iters=4, eval_interval=4, checkpoint_interval=0, downstream_interval=4,
-                    downstream_limit=LIMIT, downstream_include_path=tasks)
-    run_train(micro_args(data_dir, str(tmp_path / "one"), **settings))
-    run_train(micro_args(data_dir, str(tmp_path / "two"), parallelism=parallelism, **settings), nproc=2)
-    one, two = (rows(str(tmp_path / name), "") for name in ("one", "two"))
+    run_train(micro_args(data_dir, str(tmp_path / "two"), parallelism=parallelism, **passes_at_step_4(tasks)),
+              nproc=2)
+    one, two = rows(one_process_passes, ""), rows(str(tmp_path / "two"), "")
     for key in one[4]:
         if key.startswith("downstream/"):
             assert two[4][key] == one[4][key], key  # accuracies: counts of the same verdicts

@@ -19,11 +19,21 @@ from pretrain.metrics import read_metrics
 from running import HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, cpu_threads, run_train
 
 
+# 30 steps, a checkpoint every 3: a kill lands between two checkpoints
+THIRTY = dict(RESUME, max_iters=30, lr_decay_iters=30, checkpoint_interval=3, eval_interval=100)
+
+
+@pytest.fixture(scope="module")
+def thirty_steps(data_dir, tmp_path_factory):
+    """THIRTY uninterrupted: the losses every killed and resumed run must reproduce."""
+    out = str(tmp_path_factory.mktemp("thirty"))
+    run_train(micro_args(data_dir, out, **THIRTY))
+    return out
+
+
 @pytest.mark.slow
-def test_sigkill_after_first_checkpoint_then_resume(data_dir, tmp_path):
-    settings = dict(RESUME, max_iters=30, lr_decay_iters=30, checkpoint_interval=3, eval_interval=100)
-    full = str(tmp_path / "full")
-    run_train(micro_args(data_dir, full, **settings))
+def test_sigkill_after_first_checkpoint_then_resume(data_dir, thirty_steps, tmp_path):
+    settings, full = THIRTY, thirty_steps
     out = str(tmp_path / "killed")
     proc = subprocess.Popen([sys.executable, "train.py", *micro_args(data_dir, out, **settings)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -67,11 +77,9 @@ def training_processes(out_dir):
 
 
 @pytest.mark.slow
-def test_train_forever_relaunches_after_a_crash(data_dir, tmp_path):
+def test_train_forever_relaunches_after_a_crash(data_dir, thirty_steps, tmp_path):
     out = str(tmp_path / "run")
-    settings = dict(RESUME, max_iters=30, lr_decay_iters=30, checkpoint_interval=3, eval_interval=100)
-    full = str(tmp_path / "full")
-    run_train(micro_args(data_dir, full, **settings))
+    settings, full = THIRTY, thirty_steps
     env = dict(os.environ, MAX_RESTARTS="3", NPROC="1", RESTART_DELAY="0")
     wrapper = subprocess.Popen(["bash", "scripts/train_forever.sh", *micro_args(data_dir, out, **settings)],
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
