@@ -140,6 +140,11 @@ def test_gpu_check_dry_run_passes_every_stage_offline_and_reports_their_figures(
     assert {n: r["status"] for n, r in stages.items()} == {str(n): "pass" for n in range(1, 8)}
     assert all(r["seconds"] >= 0 and r["estimate_s"] > 0 for r in stages.values())
     assert re.search(r"stage 1: +\d+ s .*\n(.*\n){6}  total: +\d+ s", proc.stdout)  # the estimates, first
+    # on 2 cores or more, stages 1-4 and 5-7 run side by side; their output still comes in the stages' order
+    lanes = "stages 1 2 3 4 and 5 6 7 in two lanes side by side" in proc.stdout
+    assert lanes == (len(os.sched_getaffinity(0)) >= 2)
+    starts = [proc.stdout.index(f"== stage {n}\n") for n in range(1, 8)]
+    assert starts == sorted(starts)
     table = (out / "table.md").read_text()
     assert table in proc.stdout
 
