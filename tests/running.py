@@ -1,6 +1,6 @@
 """How the tests run the repo's programs: a script or a command in a process of its own (run_script, with every
-wait bounded), a Python entry point in the test's own process (run_in_process, run_eval), train.py either way
-or under torchrun (run_train), each returning a Result."""
+wait bounded), a Python entry point in the test's own process (run_in_process, run_eval), the ranks of a process
+group (run_ranks), and train.py any of these ways or under torchrun (run_train), each returning a Result."""
 
 import dataclasses
 import os
@@ -145,20 +145,76 @@ def run_eval(script, *args, out):
         return result, json.load(f)
 
 
-def run_train(args, nproc=1, check=True, env=None, script="train.py"):
-    """Run train.py (or a stand-in script) from the repo root, in this process (one process: the training is
-    the same, and a test spends its time training rather than starting Python), or under torchrun with nproc
-    processes; returns its Result. A run that logs to wandb, which takes over stdout, gets a process of its
-    own; a deadlock between processes ends after HANG_GUARD_S."""
-    if nproc == 1 and "--wandb_log=True" not in args:
-        result = run_in_process([script, *args], env)
+def free_port():
+    """A TCP port nothing listens on now, for a process group's rendezvous."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(cmd, nproc, env, timeout=HANG_GUARD_S):
+    """Run nproc copies of cmd as the ranks of one process group, with the variables torchrun gives its ranks
+    (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) but without its launcher process, which
+    costs a Python and torch start of its own. As torchrun does, the first rank to fail ends the others (a
+    rank left alone would wait in a collective until the process group's timeout). Returns a Result: a
+    failed rank's status (the lowest rank's, of those seen failed at once), else 0; the ranks' output one
+    after another, rank 0's first."""
+    import subprocess
+    import tempfile
+    import time
+    port = free_port()
+    procs, logs = [], []
+    for rank in range(nproc):
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+                    "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=rank_env, stdout=out, stderr=err, text=True,
+                                      start_new_session=True))
+        logs.append((out, err))
+    deadline, failed = time.monotonic() + timeout, []
+    try:
+        while time.monotonic() < deadline:
+            statuses = [p.poll() for p in procs]
+            failed = [status for status in statuses if status not in (None, 0)]  # in the ranks' order
+            if failed or None not in statuses:
+                break
+            time.sleep(0.01)
+    finally:
+        hung = not failed and any(p.poll() is None for p in procs)
+        for p in procs:
+            if p.poll() is None:
+                kill_group(p)
+                p.wait()
+    if hung:
+        pytest.fail(f"{cmd} on {nproc} ranks still ran after {timeout} s: a hang, killed")
+    texts = []
+    for out, err in logs:
+        out.seek(0), err.seek(0)
+        texts.append((out.read(), err.read()))
+        out.close(), err.close()
+    return Result(cmd, failed[0] if failed else 0, "".join(o for o, _ in texts), "".join(e for _, e in texts))
+
+
+def run_train(args, nproc=1, check=True, env=None, script="train.py", torchrun=False):
+    """Run train.py (or a stand-in script) from the repo root and return its Result: in this process (one
+    process: the training is the same, and a test spends its time training rather than starting Python), or
+    as nproc ranks of a process group (run_ranks), or under torchrun itself (torchrun=True: where its
+    launcher is what the test is about: its exit status, relayed signals, relaunches). A run that logs to
+    wandb, which takes over stdout, gets a process of its own; a deadlock between processes ends after
+    HANG_GUARD_S."""
+    full_env = {**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, cpu_threads() // nproc)),
+                **(env or {})}
+    if torchrun:
+        result = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             f"--nproc_per_node={nproc}", script, *args], env=full_env)
+    elif nproc > 1:
+        result = run_ranks([sys.executable, script, *args], nproc, full_env)
+    elif "--wandb_log=True" in args:
+        result = run_script([script, *args], env=full_env)
     else:
-        cmd = [script, *args] if nproc == 1 else \
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", script,
-             *args]
-        full_env = {**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, cpu_threads() // nproc)),
-                    **(env or {})}
-        result = run_script(cmd, env=full_env)
+        result = run_in_process([script, *args], env)
     if check and result.status != 0:
         raise AssertionError(f"train.py failed ({result.status}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result

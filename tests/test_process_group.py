@@ -15,7 +15,8 @@ def slow_run(data_dir, out_dir, timeout_s, slow_s, status_file):
     args = micro_args(data_dir, out_dir, max_iters=2, checkpoint_interval=1, eval_interval=2,
                       dist_timeout_s=timeout_s)
     env = {"SLOW_CHECKPOINT_S": str(slow_s), "TRAIN_EXIT_STATUS_FILE": str(status_file), "PYTHONPATH": REPO}
-    return run_train(args, nproc=2, check=False, env=env, script="tests/fakes/slow_checkpoint_train.py")
+    return run_train(args, nproc=2, check=False, env=env, script="tests/fakes/slow_checkpoint_train.py",
+                     torchrun=True)
 
 
 @pytest.mark.slow

@@ -162,11 +162,11 @@ def test_a_signal_ends_the_step_writes_a_checkpoint_and_the_resume_continues_exa
 def test_permanent_errors_reach_the_launcher_through_the_exit_status_file(data_dir, tmp_path):
     """torchrun exits 1 whatever its processes chose: train_forever.sh would relaunch a config error."""
     status_file = tmp_path / "exit_status"
-    proc = run_train(micro_args(data_dir, str(tmp_path / "run"), batch_size=0), nproc=2, check=False,
+    proc = run_train(micro_args(data_dir, str(tmp_path / "run"), batch_size=0), nproc=2, check=False, torchrun=True,
                      env={"TRAIN_EXIT_STATUS_FILE": str(status_file)})
     assert proc.returncode != 0 and "batch_size must be positive" in proc.stderr
     assert status_file.read_text() == "2\n"
-    proc = run_train(micro_args(str(tmp_path / "no_data"), str(tmp_path / "run")), nproc=2, check=False,
+    proc = run_train(micro_args(str(tmp_path / "no_data"), str(tmp_path / "run")), nproc=2, check=False, torchrun=True,
                      env={"TRAIN_EXIT_STATUS_FILE": str(status_file)})
     assert status_file.read_text() == "3\n"
 
@@ -231,7 +231,8 @@ def test_an_out_dir_that_cannot_be_written_stops_every_rank_in_one_line(data_dir
     must not wait for it in a collective: all stop with exit 3."""
     (tmp_path / "notes").write_text("a file")
     out, status_file = str(tmp_path / "notes" / "run"), tmp_path / "exit_status"
-    proc = run_train(micro_args(data_dir, out), nproc=nproc, check=False, env={"TRAIN_EXIT_STATUS_FILE": str(status_file)})
+    proc = run_train(micro_args(data_dir, out), nproc=nproc, check=False, torchrun=nproc > 1,
+                     env={"TRAIN_EXIT_STATUS_FILE": str(status_file)})
     message = f"cannot write in out_dir {out} (NotADirectoryError"
     assert message in proc.stderr and 'train.py", line' not in proc.stderr  # torchrun's own report aside
     if nproc == 1:
