@@ -19,6 +19,9 @@ from running import HANG_GUARD_S, REPO, run_script
 pytestmark = pytest.mark.slow
 
 STEPS = 4
+# steps of one micro-batch of 4 sequences, a quarter of the config's 16: the script and its summary are what is
+# checked, and the override shows that the summary counts the tokens the runs were given
+TOKENS_PER_STEP = 4 * 128
 
 
 def copy_repo(dest):
@@ -35,7 +38,8 @@ def copy_repo(dest):
 
 def quickstart(repo, cwd, env, steps):
     proc = run_script(["bash", os.path.join(repo, "scripts", "quickstart.sh"), f"--max_iters={steps}",
-                       "--checkpoint_interval=2", f"--eval_interval={steps}", "--val_tokens=2048"], cwd=cwd, env=env,
+                       "--checkpoint_interval=2", f"--eval_interval={steps}", "--val_tokens=2048", "--batch_size=4",
+                       f"--total_batch_size={TOKENS_PER_STEP}"], cwd=cwd, env=env,
                       timeout=HANG_GUARD_S)  # prepare.py's worker processes
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -54,9 +58,10 @@ def test_quickstart_scores_a_small_val_split_and_says_what_its_result_rests_on(t
     train = sum(read_header(path) for path in list_shards(shards, "train"))
     assert val == scored + 1 and val < 0.1 * (val + train)
 
-    tokens_per_step = config_value("config/sa_tiny.py", "total_batch_size")
     assert f"{train:,} train tokens and {val:,} val tokens" in proc.stdout
-    assert f"{STEPS * tokens_per_step:,} tokens, {STEPS * tokens_per_step / train:.2f} epochs" in proc.stdout
+    assert config_value("config/sa_tiny.py", "total_batch_size") != TOKENS_PER_STEP
+    seen = STEPS * TOKENS_PER_STEP
+    assert f"{STEPS} x {TOKENS_PER_STEP:,} = {seen:,} tokens, {seen / train:.2f} epochs" in proc.stdout
     assert "one seed" in proc.stdout and "scripts/small_study.sh" in proc.stdout
 
     # one checkpoint kept per run, and the summary says which and how big
