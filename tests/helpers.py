@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from eval.downstream import PAPER_TASK_YAMLS
 from model import GPT, GPTConfig
 from pretrain.metrics import read_metrics
 from pretrain.shards import list_shards, read_shard
@@ -35,17 +36,6 @@ def losses(out_dir):
 # local copies of the paper's 8 lm-eval tasks (test_eval_downstream.py, test_in_loop.py)
 
 LM_EVAL_FIXTURES = os.path.join(REPO, "tests", "fixtures", "lm_eval")
-# where each task's definition lives inside lm_eval/tasks in lm-eval 0.4.13
-INSTALLED_TASK_YAML = {
-    "arc_easy": "arc/arc_easy.yaml",
-    "boolq": "super_glue/boolq/default.yaml",
-    "hellaswag": "hellaswag/hellaswag.yaml",
-    "lambada_openai": "lambada/lambada_openai.yaml",
-    "openbookqa": "openbookqa/openbookqa.yaml",
-    "piqa": "piqa/piqa.yaml",
-    "social_iqa": "siqa/siqa.yaml",
-    "winogrande": "winogrande/default.yaml",
-}
 
 
 def write_fixture_tasks(out):
@@ -56,7 +46,7 @@ def write_fixture_tasks(out):
     from lm_eval.tasks._yaml_loader import load_yaml
     task_dir = os.path.dirname(lm_eval.tasks.__file__)
     os.makedirs(out, exist_ok=True)
-    for task, relative in INSTALLED_TASK_YAML.items():
+    for task, relative in PAPER_TASK_YAMLS.items():
         installed = os.path.join(task_dir, relative)
         config = load_yaml(installed, resolve_func=False)
         assert config["task"] == task, f"{installed} no longer defines {task}"

@@ -22,9 +22,9 @@ import tiktoken  # noqa: E402
 import yaml  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from eval.downstream import PAPER_TABLE2, TASKS, make_adapter_class  # noqa: E402
+from eval.downstream import PAPER_TABLE2, PAPER_TASK_YAMLS, TASKS, make_adapter_class  # noqa: E402
 from fakes.hub import NOWHERE, no_hub_env  # noqa: E402
-from helpers import INSTALLED_TASK_YAML, LM_EVAL_FIXTURES as FIXTURES, write_fixture_tasks  # noqa: E402
+from helpers import LM_EVAL_FIXTURES as FIXTURES, write_fixture_tasks  # noqa: E402
 from pretrain.checkpointer import list_checkpoints, load_model  # noqa: E402
 from running import REPO, run_in_process, run_script  # noqa: E402
 
@@ -357,7 +357,7 @@ def test_without_the_hub_the_paper_tasks_stop_in_one_line_before_any_model(train
     the cache: one line naming the task and its dataset."""
     import lm_eval.tasks
     from lm_eval.tasks._yaml_loader import load_yaml
-    installed = os.path.join(os.path.dirname(lm_eval.tasks.__file__), INSTALLED_TASK_YAML["arc_easy"])
+    installed = os.path.join(os.path.dirname(lm_eval.tasks.__file__), PAPER_TASK_YAMLS["arc_easy"])
     dataset = load_yaml(installed, resolve_func=False)["dataset_path"]
     env = offline_env(tmp_path, HF_HUB_OFFLINE=None, HF_DATASETS_OFFLINE=None) if mode == "Hub unreachable" \
         else offline_env(tmp_path)
@@ -381,7 +381,7 @@ def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs,
     import lm_eval.tasks
     tasks = tmp_path / "my_tasks"
     tasks.mkdir()
-    installed = os.path.join(os.path.dirname(lm_eval.tasks.__file__), INSTALLED_TASK_YAML["boolq"])
+    installed = os.path.join(os.path.dirname(lm_eval.tasks.__file__), PAPER_TASK_YAMLS["boolq"])
     with open(tasks / "boolq.yaml", "w") as f:
         yaml.safe_dump({"include": installed, "dataset_path": "json", "dataset_name": None,
                         "dataset_kwargs": {"data_files": {"train": "boolq.jsonl", "validation": "boolq.jsonl"}}}, f)
@@ -411,6 +411,23 @@ def test_an_unknown_task_is_refused_before_any_model_loads(trained_runs, fixture
     assert proc.returncode == 2 and "evaluating" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].endswith(
         f"error: unknown task hellaswa: --include_path {fixture_tasks} does not define it; close: hellaswag")
+
+
+@pytest.mark.slow
+def test_the_paper_tasks_are_indexed_from_their_folders_as_lm_evals_whole_index_has_them(tmp_path):
+    """The paper's tasks are found in their folders alone, each the YAML lm-eval's whole index gives its name;
+    any other name gets the whole index; a task of include_path takes the place of lm-eval's of its name."""
+    from eval.downstream import task_manager_for
+    paper = task_manager_for(list(TASKS), None, include_defaults=True)
+    whole = task_manager_for(["arc_easy", "arc_challenge"], None, include_defaults=True)  # not a paper task
+    assert len(paper.all_tasks) < 100 < len(whole.all_tasks)
+    for name in TASKS:
+        assert paper.task_index[name].yaml_path == whole.task_index[name].yaml_path, name
+    (tmp_path / "boolq.yaml").write_text(yaml.safe_dump({"include": str(paper.task_index["boolq"].yaml_path),
+                                                         "task": "boolq"}))
+    mine = task_manager_for(["boolq", "piqa"], str(tmp_path), include_defaults=True)
+    assert mine.task_index["boolq"].yaml_path.parent == tmp_path and "piqa" in mine.task_index
+    assert len(mine.all_tasks) < 100
 
 
 # -----------------------------------------------------------------------------
