@@ -280,21 +280,23 @@ def test_activation_checkpointing_gives_the_same_training():
 
 
 @pytest.mark.slow
-def test_fsdp_with_the_bf16_policy_trains_as_ddp_under_bf16_autocast(data_dir, tmp_path):
+def test_fsdp_with_the_bf16_policy_trains_as_ddp_under_bf16_autocast(data_dir, tmp_path, fsdp_runs):
     """The GPU's FSDP path on its CPU stand-in: two gloo processes, dtype bfloat16, so FSDP all-gathers bf16
     parameters and reduces fp32 gradients (MixedPrecisionPolicy), against DDP under bf16 autocast on the same
     batches. Tolerance: bf16's unit roundoff is 2^-8 = 0.39%, and the two paths round different tensors (FSDP
     also LayerNorm's weights and the embedding, DDP only what autocast runs in bf16), so their losses may
-    differ by a few roundoffs: 1% relative at each of 6 steps. That the policy is on at all shows against an
-    fp32 FSDP run, which differs from the bf16 one by more than float32 noise."""
-    losses = {}
+    differ by a few roundoffs: 1% relative at each of 6 steps. That the policy is on at all shows against the
+    fp32 FSDP run of the same settings (fsdp_runs: its recomputed blocks change no bit, as
+    test_activation_checkpointing_gives_the_same_training shows), which differs from the bf16 one by more
+    than float32 noise."""
+    losses = {"fsdp_fp32": [r["train_loss"] for r in records(fsdp_runs["xsa"]) if "train_loss" in r]}
     for name, settings in (("fsdp_bf16", dict(parallelism="fsdp", dtype="bfloat16")),
-                           ("ddp_bf16", dict(parallelism="ddp", dtype="bfloat16")),
-                           ("fsdp_fp32", dict(parallelism="fsdp", dtype="float32"))):
+                           ("ddp_bf16", dict(parallelism="ddp", dtype="bfloat16"))):
         out = str(tmp_path / name)
-        run_train(micro_args(data_dir, out, attn_type="xsa", **{**PARALLEL_RUN, "max_iters": 6}, **settings), nproc=2)
+        run_train(micro_args(data_dir, out, attn_type="xsa", **PARALLEL_RUN, **settings), nproc=2)
         losses[name] = [r["train_loss"] for r in records(out) if "train_loss" in r]
-    assert len(losses["fsdp_bf16"]) == len(losses["ddp_bf16"]) == 6
+    assert len(losses["fsdp_bf16"]) == len(losses["ddp_bf16"]) == len(losses["fsdp_fp32"]) == 6
+    assert "dtype float32" in open(os.path.join(fsdp_runs["xsa"], "train.log")).read()
     for fsdp, ddp in zip(losses["fsdp_bf16"], losses["ddp_bf16"]):
         assert fsdp == pytest.approx(ddp, rel=1e-2)
     assert max(abs(a - b) for a, b in zip(losses["fsdp_bf16"], losses["fsdp_fp32"])) > 1e-5
