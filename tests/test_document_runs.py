@@ -6,16 +6,14 @@ import os
 import numpy as np
 import pytest
 
-from helpers import PARALLEL_RUN, assert_same_training, unigram_cross_entropy
-from micro import micro_args
+from helpers import PARALLEL_RUN, RESUME, assert_same_training, unigram_cross_entropy
+from micro import EOT, micro_args
 from pretrain.metrics import read_metrics
 from running import run_train
 
 pytestmark = pytest.mark.slow  # every test trains
 
-EOT = 50256
-RESUME = dict(max_iters=8, lr_decay_iters=8, eval_interval=4, checkpoint_interval=4, dropout=0.1,
-              attn_mask="document")
+DOCUMENT_RESUME = dict(RESUME, attn_mask="document")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +31,8 @@ def paragraph_data_dir(tmp_path_factory, corpus_docs):
     return str(out)
 
 
-def losses(out_dir, key="train_loss"):
+def logged(out_dir, key="train_loss"):
+    """(step, value) of key in every record of out_dir's metrics.jsonl that has it."""
     return [(r["step"], r[key]) for r in read_metrics(os.path.join(out_dir, "metrics.jsonl")) if key in r]
 
 
@@ -46,23 +45,23 @@ def test_a_document_masked_run_learns_past_the_unigram_loss(paragraph_data_dir, 
                                 batch_size=8, total_batch_size=1024, learning_rate=3e-2, warmup_iters=5,
                                 eval_interval=40, checkpoint_interval=120, val_tokens=4096))
     assert "found no eot_token" not in proc.stdout
-    val = [v for _, v in losses(out, "val_loss")]
+    val = [v for _, v in logged(out, "val_loss")]
     assert val[-1] < unigram_cross_entropy(paragraph_data_dir, 4096)
 
 
 def test_a_document_masked_run_resumes_bitwise_and_refuses_another_mask(paragraph_data_dir, tmp_path):
     full, out = str(tmp_path / "full"), str(tmp_path / "run")
-    run_train(micro_args(paragraph_data_dir, full, **RESUME))
-    run_train(micro_args(paragraph_data_dir, out, **{**RESUME, "max_iters": 4}))
+    run_train(micro_args(paragraph_data_dir, full, **DOCUMENT_RESUME))
+    run_train(micro_args(paragraph_data_dir, out, **{**DOCUMENT_RESUME, "max_iters": 4}))
     files = sorted(os.listdir(out))
-    refused = run_train(micro_args(paragraph_data_dir, out, init_from="resume", **{**RESUME, "attn_mask": "causal"}),
-                        check=False)
+    refused = run_train(micro_args(paragraph_data_dir, out, init_from="resume",
+                                   **{**DOCUMENT_RESUME, "attn_mask": "causal"}), check=False)
     assert refused.status == 2
     assert "attn_mask: checkpoint 'document' vs now 'causal'" in refused.stderr
     assert sorted(os.listdir(out)) == files  # nothing written
-    run_train(micro_args(paragraph_data_dir, out, init_from="resume", **RESUME))
-    assert losses(out) == losses(full)  # exact float equality, steps 1..8 once each
-    assert losses(out, "val_loss") == losses(full, "val_loss")
+    run_train(micro_args(paragraph_data_dir, out, init_from="resume", **DOCUMENT_RESUME))
+    assert logged(out) == logged(full)  # exact float equality, steps 1..8 once each
+    assert logged(out, "val_loss") == logged(full, "val_loss")
 
 
 def test_an_unknown_mask_exits_2_naming_the_choices_before_anything_is_written(paragraph_data_dir, tmp_path):
@@ -79,7 +78,7 @@ def test_data_without_the_eot_token_is_said_once_and_the_run_goes_on(paragraph_d
     proc = run_train(micro_args(paragraph_data_dir, out, attn_mask="document", eot_token=50300, max_iters=3,
                                 eval_interval=3, checkpoint_interval=3))
     assert proc.stdout.count("found no eot_token (50300) in the first batch") == 1
-    assert [s for s, _ in losses(out)] == [1, 2, 3]
+    assert [s for s, _ in logged(out)] == [1, 2, 3]
     with open(os.path.join(out, "train.log"), encoding="utf-8") as f:
         assert "found no eot_token (50300)" in f.read()
 

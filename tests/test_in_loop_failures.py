@@ -19,7 +19,7 @@ from micro import micro_args  # noqa: E402
 from pretrain.checkpointer import list_checkpoints  # noqa: E402
 from pretrain.metrics import read_metrics  # noqa: E402
 from pretrain.train_config import resolve  # noqa: E402
-from running import HANG_GUARD_S, REPO, run_in_process, run_script, run_train  # noqa: E402
+from running import HANG_GUARD_S, REPO, run_script, run_train  # noqa: E402
 
 # a few steps, a checkpoint every 2: the passes run at steps 2 and 4
 SHORT = dict(max_iters=4, lr_decay_iters=4, eval_interval=2, checkpoint_interval=2, log_interval=1)
@@ -122,7 +122,8 @@ def test_the_eval_scripts_without_gpt2s_encoding_end_in_one_line(data_dir, tasks
     assert "cannot load GPT-2's encoding" in one_line(result)
 
 
-def records(out_dir):
+def records_by_step(out_dir):
+    """{step: record} of out_dir's metrics.jsonl (helpers.records: the records in order)."""
     return {r["step"]: r for r in read_metrics(os.path.join(out_dir, "metrics.jsonl"))}
 
 
@@ -158,13 +159,13 @@ def test_a_failing_in_loop_pass_keeps_the_steps_checkpoint_and_exits_3(data_dir,
     assert f"the in-loop {failing} pass failed at step {interval} (RuntimeError: boom)" in line
     assert f"step {interval} is checkpointed" in line
     assert steps_checkpointed(out) == ([2] if interval == 2 else [2, 3])
-    assert max(records(out)) == interval  # the step's record, with its validation where it had one
-    assert ("val_loss" in records(out)[interval]) == (interval % SHORT["eval_interval"] == 0)
+    assert max(records_by_step(out)) == interval  # the step's record, with its validation where it had one
+    assert ("val_loss" in records_by_step(out)[interval]) == (interval % SHORT["eval_interval"] == 0)
     # and the run continues from there once the pass is fixed
     monkeypatch.undo()
     resumed = run_train(micro_args(data_dir, out, init_from="resume", **{**SHORT, **settings}))
     assert f"at step {interval}" in resumed.stdout
-    assert max(records(out)) == SHORT["max_iters"]
+    assert max(records_by_step(out)) == SHORT["max_iters"]
 
 
 @pytest.mark.slow

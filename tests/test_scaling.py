@@ -456,7 +456,8 @@ def dry_run_ladder(tmp_path, **env):
     return rungs, commands, proc.stdout
 
 
-def config_value(config_file, key):
+def resolved_value(config_file, key):
+    """A key of a config file as train.py resolves it (helpers.config_value executes the file instead)."""
     config, _ = resolve([config_file])
     return getattr(config, key)
 
@@ -472,7 +473,7 @@ def test_ladder_rungs_grow_in_depth_and_width_with_model_py_counts(tmp_path, mon
     tokens_per_param = float(env.get("TOKENS_PER_PARAM", 20))  # Chinchilla's, the paper ladder's default
     seeds = env.get("SEEDS", "1").split()
     assert len(rungs) >= 4
-    head_dim = config_value(head_dim_from, "head_dim")
+    head_dim = resolved_value(head_dim_from, "head_dim")
     for smaller, larger in zip(rungs, rungs[1:]):  # the paper's 0.7B and 1.4B share depth 24
         assert int(larger["n_layer"]) >= int(smaller["n_layer"]) and int(larger["n_embd"]) > int(smaller["n_embd"])
         assert int(larger["params"]) > int(smaller["params"])
@@ -485,7 +486,7 @@ def test_ladder_rungs_grow_in_depth_and_width_with_model_py_counts(tmp_path, mon
         else:  # one of the paper's models, exactly as its config has it
             assert rung["name"] == rung["config"]
             for key in ("n_layer", "n_embd", "n_head", "head_dim", "learning_rate"):
-                assert float(rung[key if key != "learning_rate" else "lr"]) == float(config_value(base, key))
+                assert float(rung[key if key != "learning_rate" else "lr"]) == float(resolved_value(base, key))
         config, _ = resolve([base] + [f"--{k}={rung[k]}" for k in ("n_layer", "n_embd", "n_head", "head_dim")])
         n, flops_per_token = model_counts(config)
         assert int(rung["params"]) == n
@@ -518,7 +519,7 @@ def test_ladder_rungs_grow_in_depth_and_width_with_model_py_counts(tmp_path, mon
     anchor = {"tiny": "config/sa_tiny.py", "paper": "config/sa_0p7b.py"}[sizes]
     for rung in rungs:  # the learning rate falls as 1 / width, through the anchor config's, on the rule's rungs
         if rung["name"].startswith("d"):
-            expected = config_value(anchor, "learning_rate") * config_value(anchor, "n_embd") / int(rung["n_embd"])
+            expected = resolved_value(anchor, "learning_rate") * resolved_value(anchor, "n_embd") / int(rung["n_embd"])
             assert float(rung["lr"]) == pytest.approx(expected, rel=5e-3)
 
 
