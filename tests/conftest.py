@@ -11,7 +11,6 @@ import sys
 import tempfile
 import threading
 
-import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,20 +99,20 @@ def corpus_docs():
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory, corpus_docs):
-    """llm.c shards made directly (independently of prepare.py): one val shard and three
-    train shards of uneven sizes, every document preceded by the end-of-text token."""
+    """The plays in GPT-2's tokens, each preceded by the end-of-text token, as llm.c shards made directly
+    (independently of prepare.py): micro.write_micro_shards."""
     import tiktoken
-    from micro import EOT
-    from pretrain.shards import write_shard
+    from micro import EOT, write_micro_shards
     enc = tiktoken.get_encoding("gpt2")
-    tokens = np.concatenate([np.array([EOT] + enc.encode_ordinary(d), dtype=np.uint16) for d in corpus_docs])
-    out = tmp_path_factory.mktemp("shards")
-    n_val = 20_000
-    write_shard(str(out / "fineweb_val_000000.bin"), tokens[:n_val])
-    train = tokens[n_val:n_val + 150_000]
-    for i, (a, b) in enumerate([(0, 60_000), (60_000, 95_000), (95_000, 150_000)]):
-        write_shard(str(out / f"fineweb_train_{i + 1:06d}.bin"), train[a:b])
-    return str(out)
+    return write_micro_shards(tmp_path_factory.mktemp("shards"), [[EOT] + enc.encode_ordinary(d) for d in corpus_docs])
+
+
+@pytest.fixture(scope="session")
+def byte_data_dir(tmp_path_factory, corpus_docs):
+    """The plays as bytes (BYTE_TOKENS: token = byte, and a document start), laid out as data_dir."""
+    from micro import BYTE_TOKENS, write_micro_shards
+    docs = [[BYTE_TOKENS["eot_token"]] + list(d.encode()) for d in corpus_docs]
+    return write_micro_shards(tmp_path_factory.mktemp("byte_shards"), docs)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,23 @@ EOT = 50256
 MICRO = dict(n_layer=2, n_head=2, n_embd=32, head_dim=16, block_size=32, vocab_size=50304)
 
 
+# the micro model on byte_data_dir (conftest.py), where the tokens are bytes: a step costs a tenth of one over
+# GPT-2's 50,304 ids (the logits cost the most), for the runs whose subject is not the tokens (resumes)
+BYTE_TOKENS = dict(vocab_size=320, eot_token=256)
+
+
+def write_micro_shards(out, docs):
+    """llm.c shards of the documents (token lists) one after another in out: one val shard of 20,000 tokens and
+    three train shards of uneven sizes (60,000, 35,000 and 55,000 tokens); returns out (a str)."""
+    import numpy as np
+    from pretrain.shards import write_shard
+    tokens = np.concatenate([np.array(doc, dtype=np.uint16) for doc in docs])
+    write_shard(os.path.join(out, "fineweb_val_000000.bin"), tokens[:20_000])
+    for i, (a, b) in enumerate([(0, 60_000), (60_000, 95_000), (95_000, 150_000)]):
+        write_shard(os.path.join(out, f"fineweb_train_{i + 1:06d}.bin"), tokens[20_000 + a:20_000 + b])
+    return str(out)
+
+
 def micro_args(data_dir, out_dir, **overrides):
     """train.py arguments for the micro model: a few seconds per dozen steps on 2 cores. 1,024 val tokens:
     each evaluation is 8 forwards, as many as 4 training steps (the logits over 50,304 ids cost the most)."""

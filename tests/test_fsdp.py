@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import PARALLEL_RUN, assert_same_training, records
-from micro import MICRO, make_optimizer, micro_args
+from micro import BYTE_TOKENS, MICRO, make_optimizer, micro_args
 from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, load_model
 from pretrain.dataloader import val_sequences
 from running import run_train
@@ -18,26 +18,29 @@ from running import run_train
 # one global batch of 4 x 2 sequences: 1 process x 4 micro-steps, or 2 processes x 2 micro-steps;
 # 5 val sequences: on 2 processes 3 and 2, in batches of 2, so FSDP's collective forwards must line up
 # the two-process FSDP runs: XSA also with every block's activations recomputed
+# the plays' bytes: what is checked is the training across strategies, not the tokens (a tenth of the cost)
+PARALLEL_BYTES = dict(PARALLEL_RUN, **BYTE_TOKENS)
 FSDP = {"sa": dict(parallelism="fsdp"), "xsa": dict(parallelism="fsdp", activation_checkpointing="block")}
 
 
 @pytest.fixture(scope="module")
-def one_process(data_dir, tmp_path_factory):
+def one_process(byte_data_dir, tmp_path_factory):
     """Single-process runs, SA and XSA: {attn_type: out_dir}."""
     runs = {}
     for attn_type in ("sa", "xsa"):
         runs[attn_type] = str(tmp_path_factory.mktemp(f"one_{attn_type}"))
-        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, **PARALLEL_RUN))
+        run_train(micro_args(byte_data_dir, runs[attn_type], attn_type=attn_type, **PARALLEL_BYTES))
     return runs
 
 
 @pytest.fixture(scope="module")
-def fsdp_runs(data_dir, tmp_path_factory):
+def fsdp_runs(byte_data_dir, tmp_path_factory):
     """Two-process FSDP runs, SA and XSA: {attn_type: out_dir}."""
     runs = {}
     for attn_type, settings in FSDP.items():
         runs[attn_type] = str(tmp_path_factory.mktemp(f"fsdp_{attn_type}"))
-        run_train(micro_args(data_dir, runs[attn_type], attn_type=attn_type, **PARALLEL_RUN, **settings), nproc=2)
+        run_train(micro_args(byte_data_dir, runs[attn_type], attn_type=attn_type, **PARALLEL_BYTES, **settings),
+                  nproc=2)
     return runs
 
 
@@ -50,14 +53,14 @@ def test_two_process_fsdp_matches_one_process(one_process, fsdp_runs, attn_type)
 
 
 @pytest.mark.slow
-def test_two_process_fsdp_muon_matches_ddp_muon_and_resumes(data_dir, tmp_path):
+def test_two_process_fsdp_muon_matches_ddp_muon_and_resumes(byte_data_dir, tmp_path):
     """Muon orthogonalises whole matrices under FSDP too (all-gathered, not shard by shard): the same
     losses as DDP, where every process holds whole matrices, and a sharded Muon checkpoint resumes."""
-    muon = dict(PARALLEL_RUN, optimizer="muon", attn_type="xsa", learning_rate=1e-2)
+    muon = dict(PARALLEL_BYTES, optimizer="muon", attn_type="xsa", learning_rate=1e-2)
     ddp, fsdp = str(tmp_path / "ddp"), str(tmp_path / "fsdp")
-    run_train(micro_args(data_dir, ddp, **muon), nproc=2)
-    run_train(micro_args(data_dir, fsdp, parallelism="fsdp", **{**muon, "max_iters": 4}), nproc=2)
-    run_train(micro_args(data_dir, fsdp, parallelism="fsdp", init_from="resume", **muon), nproc=2)
+    run_train(micro_args(byte_data_dir, ddp, **muon), nproc=2)
+    run_train(micro_args(byte_data_dir, fsdp, parallelism="fsdp", **{**muon, "max_iters": 4}), nproc=2)
+    run_train(micro_args(byte_data_dir, fsdp, parallelism="fsdp", init_from="resume", **muon), nproc=2)
     # Newton-Schulz runs in bf16, where the two reductions' last-bit differences can round apart
     assert_same_training(fsdp, ddp, steps=range(1, 7), rel=1e-3)
     assert [os.path.basename(p) for p in list_checkpoints(fsdp)] == ["ckpt_0000004", "ckpt_0000006"]
@@ -73,12 +76,13 @@ COMPILED = {"ddp-block": dict(activation_checkpointing="block"),
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(COMPILED))
-def test_compiled_two_process_training_with_recomputed_blocks_matches_eager(data_dir, tmp_path, one_process, name):
+def test_compiled_two_process_training_with_recomputed_blocks_matches_eager(byte_data_dir, tmp_path, one_process, name):
     """torch.compile (inductor's C++ backend here, Triton on a GPU) with activation checkpointing, under
     DDP and FSDP: graphs compiled, no graph break, the eager single-process losses, and checkpoints of
     the uncompiled state dict (no _orig_mod. prefixes)."""
     out = str(tmp_path / "run")
-    proc = run_train(micro_args(data_dir, out, attn_type="xsa", compile=True, **PARALLEL_RUN, **COMPILED[name]), nproc=2)
+    proc = run_train(micro_args(byte_data_dir, out, attn_type="xsa", compile=True, **PARALLEL_BYTES,
+                                **COMPILED[name]), nproc=2)
     summary = re.search(r"^torch.compile: (\d+) graphs, (\d+) graph breaks", proc.stdout, re.M)
     assert summary, proc.stdout[-2000:]
     graphs, breaks = int(summary.group(1)), int(summary.group(2))
@@ -129,11 +133,12 @@ def copy_checkpoint(run, name, out_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attn_type,nproc", [("sa", 1), ("xsa", 2)])
-def test_fsdp_checkpoint_resumes_in_ddp(data_dir, tmp_path, one_process, fsdp_runs, attn_type, nproc):
+def test_fsdp_checkpoint_resumes_in_ddp(byte_data_dir, tmp_path, one_process, fsdp_runs, attn_type, nproc):
     """On one process (no process group) and on two DDP processes (each reads every shard)."""
     out = str(tmp_path / "run")
     copy_checkpoint(fsdp_runs[attn_type], "ckpt_0000004", out)
-    proc = run_train(micro_args(data_dir, out, attn_type=attn_type, init_from="resume", **PARALLEL_RUN), nproc=nproc)
+    proc = run_train(micro_args(byte_data_dir, out, attn_type=attn_type, init_from="resume", **PARALLEL_BYTES),
+                     nproc=nproc)
     assert "resuming from" in proc.stdout and "at step 4" in proc.stdout
     assert ("checkpoint has RNG states of 2 ranks, resuming on 1" in proc.stdout) == (nproc == 1)
     assert_same_training(out, one_process[attn_type], steps=[5, 6])
@@ -141,10 +146,11 @@ def test_fsdp_checkpoint_resumes_in_ddp(data_dir, tmp_path, one_process, fsdp_ru
 
 
 @pytest.mark.slow
-def test_single_file_checkpoint_resumes_in_two_process_fsdp(data_dir, tmp_path, one_process):
+def test_single_file_checkpoint_resumes_in_two_process_fsdp(byte_data_dir, tmp_path, one_process):
     out = str(tmp_path / "run")
     copy_checkpoint(one_process["xsa"], "ckpt_0000004.pt", out)
-    proc = run_train(micro_args(data_dir, out, attn_type="xsa", init_from="resume", **PARALLEL_RUN, **FSDP["xsa"]), nproc=2)
+    proc = run_train(micro_args(byte_data_dir, out, attn_type="xsa", init_from="resume", **PARALLEL_BYTES,
+                                **FSDP["xsa"]), nproc=2)
     assert "at step 4" in proc.stdout
     assert_same_training(out, one_process["xsa"], steps=[5, 6])
     assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004.pt", "ckpt_0000006"]
@@ -169,11 +175,11 @@ def test_an_fsdp_checkpoint_exports_as_its_single_file_equivalent(fsdp_runs, tmp
 
 
 @pytest.mark.slow
-def test_sharded_checkpoint_loads_for_evaluation(data_dir, fsdp_runs):
+def test_sharded_checkpoint_loads_for_evaluation(byte_data_dir, fsdp_runs):
     """eval/*.py's load_model, in one process without a process group: the run's last val loss."""
     model, config = load_model(fsdp_runs["sa"])
     assert config["parallelism"] == "fsdp" and not model.training
-    x, y = val_sequences(data_dir, MICRO["block_size"], PARALLEL_RUN["val_tokens"])
+    x, y = val_sequences(byte_data_dir, MICRO["block_size"], PARALLEL_BYTES["val_tokens"])
     with torch.no_grad():
         val_loss = model(x, y)[1].item()
     assert val_loss == pytest.approx(records(fsdp_runs["sa"])[-1]["val_loss"], rel=1e-5)
@@ -212,7 +218,7 @@ def test_corrupt_metadata_is_an_unreadable_checkpoint_not_a_base_exception(tmp_p
 
 
 @pytest.mark.slow
-def test_corrupted_shard_is_found_by_the_process_checking_it_and_all_fall_back(data_dir, tmp_path, one_process,
+def test_corrupted_shard_is_found_by_the_process_checking_it_and_all_fall_back(byte_data_dir, tmp_path, one_process,
                                                                                fsdp_runs):
     """Two processes share the checksum work (rank 1 reads __1_0.distcp); the one that finds the
     corruption makes both resume from the previous checkpoint."""
@@ -222,7 +228,7 @@ def test_corrupted_shard_is_found_by_the_process_checking_it_and_all_fall_back(d
     with open(shard, "r+b") as f:  # same size, other bytes: only the checksum can tell
         f.seek(os.path.getsize(shard) // 2)
         f.write(b"\xff" * 64)
-    proc = run_train(micro_args(data_dir, out, init_from="resume", **PARALLEL_RUN, **FSDP["sa"]), nproc=2)
+    proc = run_train(micro_args(byte_data_dir, out, init_from="resume", **PARALLEL_BYTES, **FSDP["sa"]), nproc=2)
     assert "skipping unreadable checkpoint" in proc.stderr and "__1_0.distcp does not match its checksum" in proc.stderr
     assert "at step 4" in proc.stdout
     assert_same_training(out, one_process["sa"], steps=range(1, 7))
@@ -280,7 +286,7 @@ def test_activation_checkpointing_gives_the_same_training():
 
 
 @pytest.mark.slow
-def test_fsdp_with_the_bf16_policy_trains_as_ddp_under_bf16_autocast(data_dir, tmp_path, fsdp_runs):
+def test_fsdp_with_the_bf16_policy_trains_as_ddp_under_bf16_autocast(byte_data_dir, tmp_path, fsdp_runs):
     """The GPU's FSDP path on its CPU stand-in: two gloo processes, dtype bfloat16, so FSDP all-gathers bf16
     parameters and reduces fp32 gradients (MixedPrecisionPolicy), against DDP under bf16 autocast on the same
     batches. Tolerance: bf16's unit roundoff is 2^-8 = 0.39%, and the two paths round different tensors (FSDP
@@ -293,7 +299,7 @@ def test_fsdp_with_the_bf16_policy_trains_as_ddp_under_bf16_autocast(data_dir, t
     for name, settings in (("fsdp_bf16", dict(parallelism="fsdp", dtype="bfloat16")),
                            ("ddp_bf16", dict(parallelism="ddp", dtype="bfloat16"))):
         out = str(tmp_path / name)
-        run_train(micro_args(data_dir, out, attn_type="xsa", **PARALLEL_RUN, **settings), nproc=2)
+        run_train(micro_args(byte_data_dir, out, attn_type="xsa", **PARALLEL_BYTES, **settings), nproc=2)
         losses[name] = [r["train_loss"] for r in records(out) if "train_loss" in r]
     assert len(losses["fsdp_bf16"]) == len(losses["ddp_bf16"]) == len(losses["fsdp_fp32"]) == 6
     assert "dtype float32" in open(os.path.join(fsdp_runs["xsa"], "train.log")).read()

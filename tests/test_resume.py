@@ -11,11 +11,14 @@ import pytest
 import torch
 
 from helpers import RESUME, losses
-from micro import make_optimizer, micro_args
+from micro import BYTE_TOKENS, make_optimizer, micro_args
 from pretrain.checkpoint_format import save_checkpoint
 from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, prune_checkpoints
 from pretrain.metrics import read_metrics
 from running import run_script, run_train
+
+# the runs here check resumes and checkpoints, not tokens: the micro model on the plays' bytes, a tenth of the cost
+BYTE_RESUME = dict(RESUME, **BYTE_TOKENS)
 
 
 def digest(path):
@@ -23,22 +26,22 @@ def digest(path):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(data_dir, tmp_path_factory):
+def uninterrupted(byte_data_dir, tmp_path_factory):
     """8-step runs with no interruption, SA and XSA: {attn_type: out_dir}."""
     runs = {}
     for attn_type in ("sa", "xsa"):
         out = str(tmp_path_factory.mktemp(f"full_{attn_type}"))
-        run_train(micro_args(data_dir, out, attn_type=attn_type, **RESUME))
+        run_train(micro_args(byte_data_dir, out, attn_type=attn_type, **BYTE_RESUME))
         runs[attn_type] = out
     return runs
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attn_type", ["sa", "xsa"])
-def test_stop_and_resume_is_bitwise_identical(data_dir, tmp_path, uninterrupted, attn_type):
+def test_stop_and_resume_is_bitwise_identical(byte_data_dir, tmp_path, uninterrupted, attn_type):
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, attn_type=attn_type, **{**RESUME, "max_iters": 4}))
-    proc = run_train(micro_args(data_dir, out, attn_type=attn_type, init_from="resume", **RESUME))
+    run_train(micro_args(byte_data_dir, out, attn_type=attn_type, **{**BYTE_RESUME, "max_iters": 4}))
+    proc = run_train(micro_args(byte_data_dir, out, attn_type=attn_type, init_from="resume", **BYTE_RESUME))
     assert "resuming from" in proc.stdout and "at step 4" in proc.stdout
     assert losses(out) == losses(uninterrupted[attn_type])  # exact float equality, steps 1..8 once each
     val = [r["val_loss"] for r in read_metrics(os.path.join(out, "metrics.jsonl")) if "val_loss" in r]
@@ -48,34 +51,34 @@ def test_stop_and_resume_is_bitwise_identical(data_dir, tmp_path, uninterrupted,
 
 
 @pytest.mark.slow
-def test_evaluation_and_checkpoints_do_not_change_training(data_dir, tmp_path, uninterrupted):
+def test_evaluation_and_checkpoints_do_not_change_training(byte_data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**RESUME, "eval_interval": 100, "checkpoint_interval": 0}))
+    run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "eval_interval": 100, "checkpoint_interval": 0}))
     assert losses(out) == losses(uninterrupted["sa"])
 
 
 @pytest.mark.slow
-def test_truncated_checkpoint_falls_back_to_previous(data_dir, tmp_path, uninterrupted):
+def test_truncated_checkpoint_falls_back_to_previous(byte_data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **RESUME))
+    run_train(micro_args(byte_data_dir, out, **BYTE_RESUME))
     newest = list_checkpoints(out)[-1]
     assert newest.endswith("ckpt_0000008.pt")
     with open(newest, "r+b") as f:
         f.truncate(os.path.getsize(newest) // 2)
-    proc = run_train(micro_args(data_dir, out, init_from="resume", **RESUME))
+    proc = run_train(micro_args(byte_data_dir, out, init_from="resume", **BYTE_RESUME))
     assert "skipping unreadable checkpoint" in proc.stderr and "ckpt_0000008.pt" in proc.stderr
     assert "at step 4" in proc.stdout
     assert losses(out) == losses(uninterrupted["sa"])
 
 
 @pytest.mark.slow
-def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path):
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(byte_data_dir, tmp_path):
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
+    run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "max_iters": 4}))
     good = list_checkpoints(out)
     before = {p: digest(p) for p in good}
-    proc = run_train(micro_args(data_dir, out, init_from="resume",
-                                **{**RESUME, "max_iters": 30, "lr_decay_iters": 30, "learning_rate": 1e3,
+    proc = run_train(micro_args(byte_data_dir, out, init_from="resume",
+                                **{**BYTE_RESUME, "max_iters": 30, "lr_decay_iters": 30, "learning_rate": 1e3,
                                    "grad_clip": 0.0, "loss_spike_factor": 0, "log_interval": 100}),
                      check=False)
     assert proc.returncode == 3
@@ -85,9 +88,9 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path)
 
 
 @pytest.mark.slow
-def test_nonfinite_steps_can_be_skipped(data_dir, tmp_path):
+def test_nonfinite_steps_can_be_skipped(byte_data_dir, tmp_path):
     out = str(tmp_path / "run")
-    proc = run_train(micro_args(data_dir, out, **{**RESUME, "learning_rate": 1e3, "loss_spike_factor": 0,
+    proc = run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "learning_rate": 1e3, "loss_spike_factor": 0,
                                                   "skip_nonfinite_steps": 1}), check=False)
     # one bad step is tolerated; with the learning rate still absurd, the next one ends the run
     assert "step skipped (1/1)" in proc.stdout
@@ -95,19 +98,20 @@ def test_nonfinite_steps_can_be_skipped(data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_with_other_architecture_is_refused(data_dir, tmp_path):
+def test_resume_with_other_architecture_is_refused(byte_data_dir, tmp_path):
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
-    proc = run_train(micro_args(data_dir, out, init_from="resume", n_layer=3, attn_type="xsa", **RESUME), check=False)
+    run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "max_iters": 4}))
+    proc = run_train(micro_args(byte_data_dir, out, init_from="resume", n_layer=3, attn_type="xsa", **BYTE_RESUME),
+                     check=False)
     assert proc.returncode == 2  # a config at odds with the checkpoint: nothing written
     assert "different architecture" in proc.stderr
     assert "n_layer: checkpoint 2 vs now 3" in proc.stderr and "attn_type: checkpoint 'sa' vs now 'xsa'" in proc.stderr
 
 
 @pytest.mark.slow
-def test_checkpoint_holds_the_documented_state_and_loads_weights_only(data_dir, tmp_path):
+def test_checkpoint_holds_the_documented_state_and_loads_weights_only(byte_data_dir, tmp_path):
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "keep_checkpoints": 1}))
+    run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "max_iters": 4, "keep_checkpoints": 1}))
     assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004.pt"]
     state = torch.load(list_checkpoints(out)[0], weights_only=True)
     assert {"model", "optimizer", "step", "loader", "rng", "config", "wandb_run_id", "best_val_loss",
@@ -135,7 +139,7 @@ def pickled_modules(path):
 
 
 @pytest.mark.slow
-def test_a_checkpoint_written_before_the_package_still_resumes(data_dir, tmp_path, uninterrupted):
+def test_a_checkpoint_written_before_the_package_still_resumes(byte_data_dir, tmp_path, uninterrupted):
     """A checkpoint file is plain containers and tensors, with no path of the code that wrote it: the one the
     flat layout wrote (checkpoint.py, checkpointer.py at the root) is this same dict, saved by torch.save, and
     resumes as the uninterrupted run continues."""
@@ -146,7 +150,7 @@ def test_a_checkpoint_written_before_the_package_still_resumes(data_dir, tmp_pat
     out = tmp_path / "flat_layout_run"
     out.mkdir()
     torch.save(torch.load(path, weights_only=True), out / "ckpt_0000004.pt")  # as the flat layout's code saved it
-    proc = run_train(micro_args(data_dir, str(out), init_from="resume", **RESUME))
+    proc = run_train(micro_args(byte_data_dir, str(out), init_from="resume", **BYTE_RESUME))
     assert "at step 4" in proc.stdout
     assert losses(out) == [(step, loss) for step, loss in losses(uninterrupted["sa"]) if step > 4]
 
@@ -168,22 +172,24 @@ def test_failed_checkpoint_write_leaves_previous_intact(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_scratch_run_over_old_checkpoints_is_refused_unless_they_are_moved_aside(data_dir, tmp_path):
+def test_scratch_run_over_old_checkpoints_is_refused_unless_they_are_moved_aside(byte_data_dir, tmp_path):
     """A later resume must not take the earlier run's newest checkpoint for this run's: starting from
     scratch over checkpoints is a config error (nothing touched); overwrite moves the earlier run aside."""
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 8}))
+    run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "max_iters": 8}))
     before = {name: digest(os.path.join(out, name)) for name in os.listdir(out) if os.path.isfile(os.path.join(out, name))}
-    proc = run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 2, "checkpoint_interval": 0}), check=False)
+    proc = run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "max_iters": 2, "checkpoint_interval": 0}),
+                     check=False)
     assert proc.returncode == 2 and "holds checkpoints of an earlier run (newest ckpt_0000008.pt)" in proc.stderr
     assert "--overwrite=True" in proc.stderr and "Traceback" not in proc.stderr
     assert {n: digest(os.path.join(out, n)) for n in before} == before
     # the new run is killed at step 2 (its checkpoint_interval); the resume must continue it, not the old run
-    run_train(micro_args(data_dir, out, overwrite=True, **{**RESUME, "max_iters": 2, "checkpoint_interval": 2}))
+    run_train(micro_args(byte_data_dir, out, overwrite=True, **{**BYTE_RESUME, "max_iters": 2,
+                                                                "checkpoint_interval": 2}))
     aside = [name for name in os.listdir(out) if name.startswith("replaced_")]
     assert len(aside) == 1
     assert {n: digest(os.path.join(out, aside[0], n)) for n in before} == before  # moved whole, not rewritten
-    proc = run_train(micro_args(data_dir, out, init_from="resume", **{**RESUME, "max_iters": 3}))
+    proc = run_train(micro_args(byte_data_dir, out, init_from="resume", **{**BYTE_RESUME, "max_iters": 3}))
     assert "at step 2" in proc.stdout
     assert [s for s, _ in losses(out)] == [1, 2, 3]
 
@@ -198,12 +204,12 @@ def flip_bytes_in_the_middle(path):
 
 
 @pytest.mark.slow
-def test_corrupted_checkpoint_is_detected_by_checksum_and_skipped(data_dir, tmp_path, uninterrupted):
+def test_corrupted_checkpoint_is_detected_by_checksum_and_skipped(byte_data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **RESUME))
+    run_train(micro_args(byte_data_dir, out, **BYTE_RESUME))
     newest = list_checkpoints(out)[-1]
     flip_bytes_in_the_middle(newest)
-    proc = run_train(micro_args(data_dir, out, init_from="resume", **RESUME))
+    proc = run_train(micro_args(byte_data_dir, out, init_from="resume", **BYTE_RESUME))
     assert "skipping unreadable checkpoint" in proc.stderr and "does not match its checksum" in proc.stderr
     assert "at step 4" in proc.stdout
     assert losses(out) == losses(uninterrupted["sa"])
@@ -225,15 +231,15 @@ def test_pruning_never_deletes_a_readable_checkpoint_in_favour_of_an_unreadable_
 
 
 @pytest.mark.slow
-def test_temp_files_of_a_killed_save_are_removed_at_start(data_dir, tmp_path, uninterrupted):
+def test_temp_files_of_a_killed_save_are_removed_at_start(byte_data_dir, tmp_path, uninterrupted):
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
+    run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "max_iters": 4}))
     debris = [os.path.join(out, "ckpt_0000008.pt.tmp4242"), os.path.join(out, "metrics.jsonl.tmp")]
     for path in debris:
         with open(path, "wb") as f:
             f.write(os.urandom(1 << 20))
     os.makedirs(os.path.join(out, "ckpt_0000008.tmp"))  # a sharded save cut off mid-way
-    run_train(micro_args(data_dir, out, init_from="resume", **RESUME))
+    run_train(micro_args(byte_data_dir, out, init_from="resume", **BYTE_RESUME))
     assert not [f for f in os.listdir(out) if ".tmp" in f]
     assert losses(out) == losses(uninterrupted["sa"])
 
@@ -255,15 +261,17 @@ def test_full_disk_during_save_raises_oserror_and_keeps_the_previous_checkpoint(
 
 
 @pytest.mark.slow
-def test_full_disk_during_training_exits_3_and_keeps_the_previous_checkpoint(data_dir, tmp_path):
+def test_full_disk_during_training_exits_3_and_keeps_the_previous_checkpoint(byte_data_dir, tmp_path):
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
+    run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "max_iters": 4}))
     before = {p: digest(p) for p in list_checkpoints(out)}
-    # a 2 MB file-size limit (RLIMIT_FSIZE) makes the next checkpoint write fail as a full disk does
+    # a file-size limit (RLIMIT_FSIZE) of half a checkpoint makes the next checkpoint write fail as a full disk
+    # does; the logs stay far below it
+    limit = os.path.getsize(list_checkpoints(out)[-1]) // 2
     script = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-              "resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20)); sys.argv = sys.argv[1:]; "
+              f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); sys.argv = sys.argv[1:]; "
               "runpy.run_path('train.py', run_name='__main__')")
-    args = micro_args(data_dir, out, init_from="resume", **RESUME)
+    args = micro_args(byte_data_dir, out, init_from="resume", **BYTE_RESUME)
     proc = run_script([sys.executable, "-c", script, "train.py", *args])
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "checkpoint write failed at step 8" in proc.stderr and "previous checkpoints are untouched" in proc.stderr
@@ -287,10 +295,11 @@ def test_checkpointer_refuses_to_save_a_non_finite_state(tmp_path):
 
 
 @pytest.mark.slow
-def test_skipped_non_finite_last_step_still_evaluates_and_checkpoints(data_dir, tmp_path):
+def test_skipped_non_finite_last_step_still_evaluates_and_checkpoints(byte_data_dir, tmp_path):
     out = str(tmp_path / "run")
     # an absurd learning rate makes every step after the first non-finite; all of them may be skipped
-    proc = run_train(micro_args(data_dir, out, **{**RESUME, "dropout": 0.0, "max_iters": 3, "checkpoint_interval": 0,
+    proc = run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "dropout": 0.0, "max_iters": 3,
+                                                       "checkpoint_interval": 0,
                                                   "learning_rate": 1e3, "warmup_iters": 0, "loss_spike_factor": 0,
                                                   "skip_nonfinite_steps": 10}), check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -300,47 +309,49 @@ def test_skipped_non_finite_last_step_still_evaluates_and_checkpoints(data_dir, 
 
 
 @pytest.mark.slow
-def test_resume_applies_the_weight_decay_given_now_even_after_zero(data_dir, tmp_path):
+def test_resume_applies_the_weight_decay_given_now_even_after_zero(byte_data_dir, tmp_path):
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "weight_decay": 0.0}))
-    run_train(micro_args(data_dir, out, init_from="resume", **{**RESUME, "weight_decay": 0.05}))
+    run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "max_iters": 4, "weight_decay": 0.0}))
+    run_train(micro_args(byte_data_dir, out, init_from="resume", **{**BYTE_RESUME, "weight_decay": 0.05}))
     groups = torch.load(list_checkpoints(out)[-1], weights_only=True)["optimizer"]["param_groups"]
     # the matrices' group decays at the new rate; norms and biases never decay
     assert sorted(g["weight_decay"] for g in groups) == [0.0, 0.05]
 
 
 @pytest.mark.slow
-def test_extending_a_finished_run_warns_that_the_cosine_is_stretched(data_dir, tmp_path):
+def test_extending_a_finished_run_warns_that_the_cosine_is_stretched(byte_data_dir, tmp_path):
     out = str(tmp_path / "run")
-    settings = {**RESUME, "lr_decay_iters": None, "max_iters": 6, "warmup_iters": 2}
-    run_train(micro_args(data_dir, out, **{**settings, "max_iters": 4}))
-    proc = run_train(micro_args(data_dir, out, init_from="resume", **settings))
+    settings = {**BYTE_RESUME, "lr_decay_iters": None, "max_iters": 6, "warmup_iters": 2}
+    run_train(micro_args(byte_data_dir, out, **{**settings, "max_iters": 4}))
+    proc = run_train(micro_args(byte_data_dir, out, init_from="resume", **settings))
     assert "warning: the learning-rate schedule differs from the checkpoint's" in proc.stdout
     assert "--lr_decay_iters=4" in proc.stdout
 
 
 @pytest.mark.slow
-def test_samples_are_logged_and_do_not_change_training(data_dir, tmp_path, uninterrupted):
-    out = str(tmp_path / "run")
+def test_samples_are_logged_and_do_not_change_training(data_dir, tmp_path):
+    """In GPT-2's tokens, which samples are decoded from."""
+    full, out = str(tmp_path / "full"), str(tmp_path / "run")
+    run_train(micro_args(data_dir, full, **RESUME))
     proc = run_train(micro_args(data_dir, out, sample_interval=4, **RESUME))
     samples = re.findall(r"^step (\d+) sample: (.+)$", proc.stdout, re.M)
     assert [int(step) for step, _ in samples] == [4, 8] and all(len(text) > 2 for _, text in samples)
-    assert losses(out) == losses(uninterrupted["sa"])  # sampling draws from its own generator
+    assert losses(out) == losses(full)  # sampling draws from its own generator
 
 
 @pytest.mark.slow
-def test_muon_run_resumes_exactly_and_keeps_its_own_learning_rate(data_dir, tmp_path):
-    muon = dict(RESUME, optimizer="muon", attn_type="xsa", muon_adjust_lr="original", muon_learning_rate=0.02)
+def test_muon_run_resumes_exactly_and_keeps_its_own_learning_rate(byte_data_dir, tmp_path):
+    muon = dict(BYTE_RESUME, optimizer="muon", attn_type="xsa", muon_adjust_lr="original", muon_learning_rate=0.02)
     full, out = str(tmp_path / "full"), str(tmp_path / "run")
-    run_train(micro_args(data_dir, full, **muon))
-    run_train(micro_args(data_dir, out, **{**muon, "max_iters": 4}))
-    run_train(micro_args(data_dir, out, init_from="resume", **muon))
+    run_train(micro_args(byte_data_dir, full, **muon))
+    run_train(micro_args(byte_data_dir, out, **{**muon, "max_iters": 4}))
+    run_train(micro_args(byte_data_dir, out, init_from="resume", **muon))
     assert losses(out) == losses(full)
     state = torch.load(list_checkpoints(out)[-1], weights_only=True)
     lrs = {g["algorithm"]: g["lr"] for g in state["optimizer"]["param_groups"]}
     last_lr = read_metrics(os.path.join(out, "metrics.jsonl"))[-1]["lr"]  # the schedule's (AdamW's)
     assert lrs["adamw"] == pytest.approx(last_lr) and lrs["muon"] == pytest.approx(last_lr * 0.02 / 3e-3)
-    proc = run_train(micro_args(data_dir, out, init_from="resume", **{**muon, "optimizer": "adamw",
+    proc = run_train(micro_args(byte_data_dir, out, init_from="resume", **{**muon, "optimizer": "adamw",
                                                                       "max_iters": 10}), check=False)
     assert proc.returncode == 2 and "was trained with optimizer='muon'" in proc.stderr
 
@@ -350,14 +361,14 @@ def test_muon_run_resumes_exactly_and_keeps_its_own_learning_rate(data_dir, tmp_
 
 
 @pytest.mark.slow
-def test_run_state_flips_are_all_detected(data_dir, tmp_path):
+def test_run_state_flips_are_all_detected(byte_data_dir, tmp_path):
     """Every bit that a resume reads is checksummed: flipping any one of 60 random bits of a checkpoint
     file either makes it unreadable or leaves what it loads unchanged, never a silently different state
     (a flip in the step once resumed at the wrong step)."""
     import random
     from pretrain.checkpoint_format import load_checkpoint_file
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
+    run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "max_iters": 4}))
     path = list_checkpoints(out)[-1]
     original = load_checkpoint_file(path)
     data = bytearray(open(path, "rb").read())
@@ -409,15 +420,15 @@ def test_flipped_bits_in_a_sharded_run_state_are_detected(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_finite_blow_up_stops_the_run_and_keeps_the_best_checkpoint(data_dir, tmp_path):
+def test_a_finite_blow_up_stops_the_run_and_keeps_the_best_checkpoint(byte_data_dir, tmp_path):
     """A run resumed at a learning rate that makes it diverge (finite losses in the hundreds): the
     spiking states are never checkpointed, the run stops with exit 3, and the checkpoint of the best
     validation loss survives pruning even with keep_checkpoints=1."""
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 8, "dropout": 0.0}))
-    blow_up = dict(RESUME, max_iters=40, lr_decay_iters=40, dropout=0.0, learning_rate=10.0, grad_clip=0.0,
+    run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "max_iters": 8, "dropout": 0.0}))
+    blow_up = dict(BYTE_RESUME, max_iters=40, lr_decay_iters=40, dropout=0.0, learning_rate=10.0, grad_clip=0.0,
                    checkpoint_interval=1, eval_interval=100, keep_checkpoints=1)
-    proc = run_train(micro_args(data_dir, out, init_from="resume", **blow_up), check=False)
+    proc = run_train(micro_args(byte_data_dir, out, init_from="resume", **blow_up), check=False)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "the run diverged" in proc.stderr and "Traceback" not in proc.stderr
     spikes = [int(s) for s in re.findall(r"step (\d+): train loss \S+ is a spike", proc.stdout)]
@@ -428,31 +439,32 @@ def test_a_finite_blow_up_stops_the_run_and_keeps_the_best_checkpoint(data_dir, 
 
 
 @pytest.mark.slow
-def test_the_checkpoint_whose_weights_blew_up_is_set_aside_and_the_resume_takes_a_healthy_one(data_dir, tmp_path):
+def test_the_checkpoint_whose_weights_blew_up_is_set_aside_and_the_resume_takes_a_healthy_one(byte_data_dir, tmp_path):
     """The loss of step N is computed with the weights of checkpoint N-1: when it spikes, that checkpoint is
     set aside (ckpt_N-1.pt.spiked) instead of being the newest, which a resume would take."""
     out = str(tmp_path / "run")
-    settings = dict(RESUME, dropout=0.0, checkpoint_interval=1, keep_checkpoints=2)
-    run_train(micro_args(data_dir, out, **settings))
+    settings = dict(BYTE_RESUME, dropout=0.0, checkpoint_interval=1, keep_checkpoints=2)
+    run_train(micro_args(byte_data_dir, out, **settings))
     blow_up = dict(settings, max_iters=40, lr_decay_iters=40, learning_rate=10.0, grad_clip=0.0, eval_interval=100)
-    proc = run_train(micro_args(data_dir, out, init_from="resume", **blow_up), check=False)
+    proc = run_train(micro_args(byte_data_dir, out, init_from="resume", **blow_up), check=False)
     assert proc.returncode == 3 and "the run diverged" in proc.stderr
     first_spike = int(re.search(r"step (\d+): train loss \S+ is a spike", proc.stdout).group(1))
     assert first_spike == 10  # the update of step 9 (at a learning rate of 10) blew it up
     assert os.path.exists(os.path.join(out, "ckpt_0000009.pt.spiked"))
     assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000007.pt", "ckpt_0000008.pt"]
-    resumed = run_train(micro_args(data_dir, out, init_from="resume", **{**settings, "max_iters": 9}))
+    resumed = run_train(micro_args(byte_data_dir, out, init_from="resume", **{**settings, "max_iters": 9}))
     assert "at step 8" in resumed.stdout
     assert read_metrics(os.path.join(out, "metrics.jsonl"))[-1]["train_loss"] < 11  # healthy weights
 
 
 @pytest.mark.slow
-def test_a_spike_on_the_last_step_is_not_a_finished_run(data_dir, tmp_path):
+def test_a_spike_on_the_last_step_is_not_a_finished_run(byte_data_dir, tmp_path):
     out = str(tmp_path / "run")
-    settings = dict(RESUME, dropout=0.0, checkpoint_interval=1)
-    run_train(micro_args(data_dir, out, **settings))
+    settings = dict(BYTE_RESUME, dropout=0.0, checkpoint_interval=1)
+    run_train(micro_args(byte_data_dir, out, **settings))
     # one step at a learning rate that blows up the weights, then the last step measures them
-    proc = run_train(micro_args(data_dir, out, init_from="resume", **{**settings, "max_iters": 10, "lr_decay_iters": 10,
+    proc = run_train(micro_args(byte_data_dir, out, init_from="resume", **{**settings, "max_iters": 10,
+                                                                           "lr_decay_iters": 10,
                                                                       "learning_rate": 10.0, "grad_clip": 0.0}),
                      check=False)
     assert proc.returncode == 3 and "the last step's train loss spiked" in proc.stderr
@@ -462,13 +474,13 @@ def test_a_spike_on_the_last_step_is_not_a_finished_run(data_dir, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["lr[3e-3]", "run *?", "seed 1 [a-z]"])
-def test_an_out_dir_with_glob_characters_and_spaces_resumes(data_dir, tmp_path, uninterrupted, name):
+def test_an_out_dir_with_glob_characters_and_spaces_resumes(byte_data_dir, tmp_path, uninterrupted, name):
     """Sweeps name runs after their settings; glob must not read the name as a pattern (it once made the
     resume find no checkpoint and train from scratch)."""
     out = str(tmp_path / name)
-    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4}))
+    run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "max_iters": 4}))
     os.makedirs(os.path.join(out, "ckpt_0000008.tmp"))  # debris of a killed save, cleaned at the start
-    proc = run_train(micro_args(data_dir, out, init_from="resume", **RESUME))
+    proc = run_train(micro_args(byte_data_dir, out, init_from="resume", **BYTE_RESUME))
     assert "at step 4" in proc.stdout
     assert losses(out) == losses(uninterrupted["sa"])
     assert [os.path.basename(p) for p in list_checkpoints(out)] == ["ckpt_0000004.pt", "ckpt_0000008.pt"]
@@ -476,12 +488,12 @@ def test_an_out_dir_with_glob_characters_and_spaces_resumes(data_dir, tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_checkpoint_from_before_the_decay_key_resumes(data_dir, tmp_path, uninterrupted):
+def test_a_checkpoint_from_before_the_decay_key_resumes(byte_data_dir, tmp_path, uninterrupted):
     """Checkpoints written before param groups said whether they decay (and, before Muon, which algorithm
     and learning-rate scale they take): the groups are matched in order
     (decayed matrices first, as they always were), and the resume equals the uninterrupted run."""
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**RESUME, "max_iters": 4, "checkpoint_interval": 4}))
+    run_train(micro_args(byte_data_dir, out, **{**BYTE_RESUME, "max_iters": 4, "checkpoint_interval": 4}))
     path = list_checkpoints(out)[-1]
     state = torch.load(path, weights_only=True)
     for name in ("checksums", "state_checksum"):
@@ -491,5 +503,5 @@ def test_a_checkpoint_from_before_the_decay_key_resumes(data_dir, tmp_path, unin
             group.pop(added_later)
     os.remove(path)
     save_checkpoint(state, out, 4)
-    run_train(micro_args(data_dir, out, init_from="resume", **RESUME))
+    run_train(micro_args(byte_data_dir, out, init_from="resume", **BYTE_RESUME))
     assert losses(out) == losses(uninterrupted["sa"])

@@ -13,13 +13,14 @@ import pytest
 
 
 from helpers import RESUME, losses
-from micro import micro_args
+from micro import BYTE_TOKENS, micro_args
 from pretrain.checkpointer import list_checkpoints
 from pretrain.metrics import read_metrics
 from running import HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, cpu_threads, run_train
 
 
-# 30 steps, a checkpoint every 3: a kill lands between two checkpoints
+# 30 steps, a checkpoint every 3: a kill lands between two checkpoints. The runs stopped from outside train over
+# GPT-2's tokens, not bytes (BYTE_TOKENS): the seconds a step takes are the room the stop has to land in
 THIRTY = dict(RESUME, max_iters=30, lr_decay_iters=30, checkpoint_interval=3, eval_interval=100)
 
 
@@ -51,14 +52,14 @@ def test_sigkill_after_first_checkpoint_then_resume(data_dir, thirty_steps, tmp_
 
 
 @pytest.mark.slow
-def test_two_process_run_resumes_on_one_process(data_dir, tmp_path):
+def test_two_process_run_resumes_on_one_process(byte_data_dir, tmp_path):
     settings = dict(max_iters=6, lr_decay_iters=6, eval_interval=100, checkpoint_interval=3,
-                    batch_size=2, total_batch_size=2 * 2 * 32 * 2)
+                    batch_size=2, total_batch_size=2 * 2 * 32 * 2, **BYTE_TOKENS)
     full = str(tmp_path / "full")
-    run_train(micro_args(data_dir, full, **settings), nproc=2)
+    run_train(micro_args(byte_data_dir, full, **settings), nproc=2)
     out = str(tmp_path / "run")
-    run_train(micro_args(data_dir, out, **{**settings, "max_iters": 3}), nproc=2)
-    run_train(micro_args(data_dir, out, init_from="resume", **settings), nproc=1)
+    run_train(micro_args(byte_data_dir, out, **{**settings, "max_iters": 3}), nproc=2)
+    run_train(micro_args(byte_data_dir, out, init_from="resume", **settings), nproc=1)
     for (step_a, a), (step_b, b) in zip(losses(out), losses(full), strict=True):
         assert step_a == step_b and a == pytest.approx(b, rel=1e-5)
 

@@ -121,14 +121,14 @@ def test_token_id_beyond_the_vocabulary_names_the_shard(data_dir, tmp_path, spli
     val = np.array(read_shard(list_shards(data_dir, "val")[0]))
     train = np.array(read_shard(list_shards(data_dir, "train")[0]))
     bad = {"val": val, "train": train}[split]
-    bad[1234] = 50400  # fits uint16, but the model has 50304 embeddings
+    bad[1000] = 50400  # fits uint16, but the model has 50304 embeddings; among the 1,024 val tokens scored
     write_shard(str(bad_dir / "fineweb_val_000000.bin"), val)
     write_shard(str(bad_dir / "fineweb_train_000001.bin"), train)
     out = tmp_path / "run"
     proc = run_train(micro_args(str(bad_dir), str(out)), check=False)
     assert proc.returncode == 3
     shard = bad_dir / f"fineweb_{split}_00000{0 if split == 'val' else 1}.bin"
-    assert f"{shard}: token id 50400 at token 1234 is out of range for vocab_size 50304" in proc.stderr
+    assert f"{shard}: token id 50400 at token 1000 is out of range for vocab_size 50304" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (out / "metrics.jsonl").exists()  # no step was taken
 
