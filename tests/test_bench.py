@@ -10,7 +10,7 @@ from helpers import write_fixture_tasks
 from micro import MICRO
 from running import REPO, run_in_process, run_script
 
-# scripts.bench run in a temporary directory (where its traces go): the repo's modules found through PYTHONPATH
+# gpu_check's checks.py, run from its OUT folder: the repo's modules found through PYTHONPATH
 FROM_TMP_PATH = {**os.environ, "PYTHONPATH": REPO}
 
 
@@ -24,8 +24,7 @@ def test_bench_reports_consistent_figures_and_profiles_both_variants(tmp_path):
     args = [f"--{k}={v}" for k, v in {**MICRO, **in_loop}.items()] + [
         "--batch_size=2", "--compile=False", "--device=cpu", "--dtype=float32", "--bench_rounds=2",
         "--bench_steps=1", "--bench_warmup=1", "--profile=True", f"--bench_json={tmp_path / 'bench.json'}"]
-    proc = run_script([sys.executable, "-m", "scripts.bench", *args], cwd=tmp_path,
-                      env={**FROM_TMP_PATH, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    proc = run_in_process(["-m", "scripts.bench", *args], cwd=tmp_path)  # its traces go to the working directory
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     results = report["results"]
@@ -95,7 +94,7 @@ def test_bench_variants_take_overrides_and_reject_unknown_keys(tmp_path):
         "--bench_steps=1", "--bench_warmup=0", f"--bench_json={tmp_path / 'bench.json'}"]
 
     def run(*extra):
-        return run_script([sys.executable, "-m", "scripts.bench", *base, *extra], cwd=tmp_path, env=FROM_TMP_PATH)
+        return run_in_process(["-m", "scripts.bench", *base, *extra], cwd=tmp_path)
     proc = run("--bench_variants=sa,xsa:xsa_gate=True,sa:n_layer=1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads((tmp_path / "bench.json").read_text())["results"]
