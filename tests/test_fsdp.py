@@ -18,7 +18,7 @@ from running import run_train
 # one global batch of 4 x 2 sequences: 1 process x 4 micro-steps, or 2 processes x 2 micro-steps;
 # 5 val sequences: on 2 processes 3 and 2, in batches of 2, so FSDP's collective forwards must line up
 # the two-process FSDP runs: XSA also with every block's activations recomputed
-# the plays' bytes: what is checked is the training across strategies, not the tokens (a tenth of the cost)
+# the plays' bytes: what is checked is the training across strategies, not the tokens (micro.BYTE_TOKENS)
 PARALLEL_BYTES = dict(PARALLEL_RUN, **BYTE_TOKENS)
 FSDP = {"sa": dict(parallelism="fsdp"), "xsa": dict(parallelism="fsdp", activation_checkpointing="block")}
 

@@ -17,7 +17,7 @@ from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, prun
 from pretrain.metrics import read_metrics
 from running import run_script, run_train
 
-# the runs here check resumes and checkpoints, not tokens: the micro model on the plays' bytes, a tenth of the cost
+# the runs here check resumes and checkpoints, not tokens: the micro model on the plays' bytes (micro.BYTE_TOKENS)
 BYTE_RESUME = dict(RESUME, **BYTE_TOKENS)
 
 
