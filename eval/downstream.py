@@ -50,9 +50,10 @@ TASKS = dict(zip(PAPER_TASKS, (("ARC-E", "acc_norm"), ("BoolQ", "acc"), ("HSwag"
 
 # where lm-eval (0.4.13) defines each of the paper's tasks, under lm_eval/tasks: indexing these folders alone takes a
 # hundredth of a second, lm-eval's whole index (~15,000 tasks) ten seconds on a CPU core
-PAPER_TASK_YAMLS = dict(zip(PAPER_TASKS, ("arc/arc_easy.yaml", "super_glue/boolq/default.yaml", "hellaswag/hellaswag.yaml",
-                                          "lambada/lambada_openai.yaml", "openbookqa/openbookqa.yaml", "piqa/piqa.yaml",
-                                          "siqa/siqa.yaml", "winogrande/default.yaml"), strict=True))
+PAPER_TASK_YAMLS = dict(zip(PAPER_TASKS, ("arc/arc_easy.yaml", "super_glue/boolq/default.yaml",
+                                          "hellaswag/hellaswag.yaml", "lambada/lambada_openai.yaml",
+                                          "openbookqa/openbookqa.yaml", "piqa/piqa.yaml", "siqa/siqa.yaml",
+                                          "winogrande/default.yaml"), strict=True))
 
 # the paper's Table 2 (docs/paper.md), in percent, columns in the order of TASKS then avg
 PAPER_TABLE2 = {
@@ -407,15 +408,20 @@ def task_manager_for(names, include_path, include_defaults):
     return TaskManager(include_path=extra or None, include_defaults=include_defaults)
 
 
-def task_names(parser, args, task_manager):
-    """--tasks, or by default the paper's 8 tasks; with --no_default_tasks, those of the 8 that
-    --include_path defines (every task there if it defines none of them)."""
+def asked_tasks(args):
+    """--tasks, or by default the paper's 8 tasks; None with --no_default_tasks and no --tasks: those that
+    --include_path defines (task_names)."""
     if args.tasks:
-        names = args.tasks.replace(",", " ").split()
-    elif args.no_default_tasks:
+        return args.tasks.replace(",", " ").split()
+    return None if args.no_default_tasks else list(TASKS)
+
+
+def task_names(parser, args, task_manager):
+    """asked_tasks; with --no_default_tasks and no --tasks, those of the paper's 8 that --include_path defines
+    (every task there if it defines none of them)."""
+    names = asked_tasks(args)
+    if names is None:
         names = [t for t in TASKS if t in task_manager.task_index] or task_manager.all_subtasks
-    else:
-        names = list(TASKS)
     if not names:
         parser.error(f"--include_path {args.include_path} defines no task")
     for name in names:
@@ -673,8 +679,7 @@ def main():
         exits.fail('eval/downstream.py needs lm-evaluation-harness: pip install "lm-eval>=0.4.13"')
     # absolute, so that the task files are found while a task's data loads from its YAML's folder
     include_path = os.path.abspath(args.include_path) if args.include_path else None
-    wanted = args.tasks.replace(",", " ").split() if args.tasks else None if args.no_default_tasks else list(TASKS)
-    task_manager = task_manager_for(wanted, include_path, include_defaults=not args.no_default_tasks)
+    task_manager = task_manager_for(asked_tasks(args), include_path, include_defaults=not args.no_default_tasks)
     names = task_names(parser, args, task_manager)
     if not common.bars_shown(args.quiet):
         import datasets
