@@ -153,48 +153,87 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ranks(cmd, nproc, env, timeout=HANG_GUARD_S):
-    """Run nproc copies of cmd as the ranks of one process group, with the variables torchrun gives its ranks
-    (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) but without its launcher process, which
-    costs a Python and torch start of its own. As torchrun does, the first rank to fail ends the others (a
-    rank left alone would wait in a collective until the process group's timeout). Returns a Result: a
-    failed rank's status (the lowest rank's, of those seen failed at once), else 0; the ranks' output one
-    after another, rank 0's first."""
-    import subprocess
+def preloaded_python():
+    """multiprocessing's forkserver, its server process having imported torch, dynamo (which the optimizer's
+    first step imports) and train.py's modules once: each process forked from it starts a script as
+    `python script` would, without the ~5 s of a new Python's imports, which the two-process runs otherwise
+    pay for every rank. One server per test process, started at first use."""
+    import multiprocessing
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed", "train"])
+    return context
+
+
+def run_as_main(script, args, env, cwd, stdout_path, stderr_path):
+    """In a process forked from preloaded_python(): run script as `python script args` runs it, in a session of
+    its own (a kill reaches its children too), with env as its whole environment and its output in the two
+    files. Its exit status is the one Python would give: sys.exit's, or 1 after a traceback."""
+    import atexit
+    import runpy
+    import torch
+    os.setsid()
+    for fd, path in ((1, stdout_path), (2, stderr_path)):
+        file_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(file_fd, fd)
+        os.close(file_fd)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    torch.set_num_threads(max(1, int(env.get("OMP_NUM_THREADS") or 1)))  # as torch's import reads it
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        atexit._run_exitfuncs()  # multiprocessing's children end with os._exit, which skips them
+
+
+def run_ranks(script, args, nproc, env, timeout=HANG_GUARD_S):
+    """Run nproc copies of `python script args` as the ranks of one process group, with the variables torchrun
+    gives its ranks (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) but without its launcher
+    process, each rank forked from preloaded_python(): the launcher and each rank's imports would cost a
+    Python and torch start of their own. As torchrun does, the first rank to fail ends the others (a rank
+    left alone would wait in a collective until the process group's timeout). Returns a Result: a failed
+    rank's status (the lowest rank's, of those seen failed at once), else 0; the ranks' output one after
+    another, rank 0's first."""
+    import shutil
     import tempfile
     import time
-    port = free_port()
-    procs, logs = [], []
+    context, port, logs = preloaded_python(), free_port(), tempfile.mkdtemp(prefix="ranks_")
+    procs = []
     for rank in range(nproc):
-        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
                     "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=rank_env, stdout=out, stderr=err, text=True,
-                                      start_new_session=True))
-        logs.append((out, err))
+        procs.append(context.Process(target=run_as_main, args=(
+            script, args, rank_env, REPO, os.path.join(logs, f"{rank}.out"), os.path.join(logs, f"{rank}.err"))))
+        procs[-1].start()
     deadline, failed = time.monotonic() + timeout, []
     try:
         while time.monotonic() < deadline:
-            statuses = [p.poll() for p in procs]
+            statuses = [p.exitcode for p in procs]
             failed = [status for status in statuses if status not in (None, 0)]  # in the ranks' order
             if failed or None not in statuses:
                 break
             time.sleep(0.01)
     finally:
-        hung = not failed and any(p.poll() is None for p in procs)
+        hung = not failed and any(p.exitcode is None for p in procs)
         for p in procs:
-            if p.poll() is None:
-                kill_group(p)
-                p.wait()
+            if p.exitcode is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)  # its session: the rank and its compile workers
+                except (ProcessLookupError, PermissionError):  # not yet its session's leader
+                    p.kill()
+                p.join()
     if hung:
-        pytest.fail(f"{cmd} on {nproc} ranks still ran after {timeout} s: a hang, killed")
+        pytest.fail(f"{script} on {nproc} ranks still ran after {timeout} s: a hang, killed")
     texts = []
-    for out, err in logs:
-        out.seek(0), err.seek(0)
-        texts.append((out.read(), err.read()))
-        out.close(), err.close()
-    return Result(cmd, failed[0] if failed else 0, "".join(o for o, _ in texts), "".join(e for _, e in texts))
+    for rank in range(nproc):
+        with open(os.path.join(logs, f"{rank}.out")) as out, open(os.path.join(logs, f"{rank}.err")) as err:
+            texts.append((out.read(), err.read()))
+    shutil.rmtree(logs)
+    return Result([script, *args], failed[0] if failed else 0, "".join(o for o, _ in texts),
+                  "".join(e for _, e in texts))
 
 
 def run_train(args, nproc=1, check=True, env=None, script="train.py", torchrun=False):
@@ -210,7 +249,7 @@ def run_train(args, nproc=1, check=True, env=None, script="train.py", torchrun=F
         result = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone",
                              f"--nproc_per_node={nproc}", script, *args], env=full_env)
     elif nproc > 1:
-        result = run_ranks([sys.executable, script, *args], nproc, full_env)
+        result = run_ranks(script, args, nproc, full_env)
     elif "--wandb_log=True" in args:
         result = run_script([script, *args], env=full_env)
     else:
