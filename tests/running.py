@@ -155,19 +155,21 @@ def free_port():
 
 def preloaded_python():
     """multiprocessing's forkserver, its server process having imported torch, dynamo (which the optimizer's
-    first step imports) and train.py's modules once: each process forked from it starts a script as
-    `python script` would, without the ~5 s of a new Python's imports, which the two-process runs otherwise
-    pay for every rank. One server per test process, started at first use."""
+    first step imports) and train.py's modules once: each process forked from it starts a program as `python`
+    would, without the ~5 s of a new Python's imports. One server per test process, started at first use. It
+    imports neither the Hub's libraries nor tiktoken, which read their environment when imported or keep what
+    they loaded: each forked process does that itself."""
     import multiprocessing
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed", "train"])
     return context
 
 
-def run_as_main(script, args, env, cwd, stdout_path, stderr_path):
-    """In a process forked from preloaded_python(): run script as `python script args` runs it, in a session of
-    its own (a kill reaches its children too), with env as its whole environment and its output in the two
-    files. Its exit status is the one Python would give: sys.exit's, or 1 after a traceback."""
+def run_as_main(args, env, cwd, stdout_path, stderr_path):
+    """In a process forked from preloaded_python(): `python args` (a script and its arguments, or "-m", a module
+    and its arguments) as Python runs it, in a session of its own (a kill reaches its children too), with env as
+    its whole environment, cwd as its directory and its output in the two files. Its exit status is the one
+    Python would give: sys.exit's, or 1 after a traceback."""
     import atexit
     import runpy
     import torch
@@ -180,39 +182,39 @@ def run_as_main(script, args, env, cwd, stdout_path, stderr_path):
     os.environ.clear()
     os.environ.update(env)
     torch.set_num_threads(max(1, int(env.get("OMP_NUM_THREADS") or 1)))  # as torch's import reads it
-    sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
     try:
-        runpy.run_path(script, run_name="__main__")
+        if args[0] == "-m":
+            sys.argv, sys.path[:0] = args[1:], [cwd]  # run_module puts the module's file in sys.argv[0]
+            sys.modules.pop(args[1], None)  # imported by the server: `python -m` runs it afresh
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv, sys.path[:0] = list(args), [os.path.dirname(os.path.abspath(args[0]))]
+            runpy.run_path(args[0], run_name="__main__")
     finally:
         atexit._run_exitfuncs()  # multiprocessing's children end with os._exit, which skips them
 
 
-def run_ranks(script, args, nproc, env, timeout=HANG_GUARD_S):
-    """Run nproc copies of `python script args` as the ranks of one process group, with the variables torchrun
-    gives its ranks (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) but without its launcher
-    process, each rank forked from preloaded_python(): the launcher and each rank's imports would cost a
-    Python and torch start of their own. As torchrun does, the first rank to fail ends the others (a rank
-    left alone would wait in a collective until the process group's timeout). Returns a Result: a failed
-    rank's status (the lowest rank's, of those seen failed at once), else 0; the ranks' output one after
-    another, rank 0's first."""
+def run_preloaded(commands, cwd=REPO, timeout=HANG_GUARD_S):
+    """Run each of commands ((python args, whole environment)) at once in a process forked from
+    preloaded_python() and wait for them; the first to fail ends the others (SIGKILL to its session). Returns
+    (their statuses as first seen failed or all ended, None for one still running then and killed;
+    [(stdout, stderr)]), both in commands' order. A hang fails the test."""
     import shutil
     import tempfile
     import time
-    context, port, logs = preloaded_python(), free_port(), tempfile.mkdtemp(prefix="ranks_")
+    context, logs = preloaded_python(), tempfile.mkdtemp(prefix="preloaded_")
     procs = []
-    for rank in range(nproc):
-        rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-                    "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port)}
+    for i, (args, env) in enumerate(commands):
+        for stream in ("out", "err"):  # there to read even if the process ends before it opens them
+            open(os.path.join(logs, f"{i}.{stream}"), "w").close()
         procs.append(context.Process(target=run_as_main, args=(
-            script, args, rank_env, REPO, os.path.join(logs, f"{rank}.out"), os.path.join(logs, f"{rank}.err"))))
+            [str(a) for a in args], env, str(cwd), os.path.join(logs, f"{i}.out"), os.path.join(logs, f"{i}.err"))))
         procs[-1].start()
-    deadline, failed = time.monotonic() + timeout, []
+    deadline, failed, statuses = time.monotonic() + timeout, False, [None] * len(procs)
     try:
         while time.monotonic() < deadline:
             statuses = [p.exitcode for p in procs]
-            failed = [status for status in statuses if status not in (None, 0)]  # in the ranks' order
+            failed = any(status not in (None, 0) for status in statuses)
             if failed or None not in statuses:
                 break
             time.sleep(0.01)
@@ -221,19 +223,46 @@ def run_ranks(script, args, nproc, env, timeout=HANG_GUARD_S):
         for p in procs:
             if p.exitcode is None:
                 try:
-                    os.killpg(p.pid, signal.SIGKILL)  # its session: the rank and its compile workers
+                    os.killpg(p.pid, signal.SIGKILL)  # its session: the process and its compile workers
                 except (ProcessLookupError, PermissionError):  # not yet its session's leader
                     p.kill()
                 p.join()
     if hung:
-        pytest.fail(f"{script} on {nproc} ranks still ran after {timeout} s: a hang, killed")
-    texts = []
-    for rank in range(nproc):
-        with open(os.path.join(logs, f"{rank}.out")) as out, open(os.path.join(logs, f"{rank}.err")) as err:
-            texts.append((out.read(), err.read()))
+        pytest.fail(f"{[args for args, _ in commands]} still ran after {timeout} s: a hang, killed")
+    outputs = []
+    for i in range(len(commands)):
+        with open(os.path.join(logs, f"{i}.out")) as out, open(os.path.join(logs, f"{i}.err")) as err:
+            outputs.append((out.read(), err.read()))
     shutil.rmtree(logs)
-    return Result([script, *args], failed[0] if failed else 0, "".join(o for o, _ in texts),
-                  "".join(e for _, e in texts))
+    return statuses, outputs
+
+
+def run_python(args, env=None, cwd=REPO, timeout=HANG_GUARD_S):
+    """`python args` (a script and its arguments, or "-m", a module and its arguments) from cwd in a process of
+    its own, forked from preloaded_python(): its environment (env: the whole of it, else this process's), exit
+    status and output are its own, without a new Python's ~5 s of imports. Returns its Result. For a program
+    whose process is what the test needs (the environment it reads at import, a cache it keeps); not where
+    signals are the subject, nor what a program imports."""
+    statuses, outputs = run_preloaded([(args, dict(os.environ) if env is None else env)], cwd, timeout)
+    return Result([str(a) for a in args], statuses[0], *outputs[0])
+
+
+def run_ranks(script, args, nproc, env, timeout=HANG_GUARD_S):
+    """Run nproc copies of `python script args` as the ranks of one process group, with the variables torchrun
+    gives its ranks (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), forked from
+    preloaded_python() without torchrun's launcher: the launcher and each rank's imports would cost a Python
+    and torch start of their own. As torchrun does, the first rank to fail ends the others (a rank left alone
+    would wait in a collective until the process group's timeout). Returns a Result: the status of the lowest
+    rank that failed, else 0; the ranks' output one after another, rank 0's first."""
+    port = free_port()
+    ranks = [([script, *args], {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+                                "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                                "MASTER_PORT": str(port)})
+             for rank in range(nproc)]
+    statuses, outputs = run_preloaded(ranks, timeout=timeout)
+    failed = [status for status in statuses if status not in (None, 0)]
+    return Result([script, *args], failed[0] if failed else 0, "".join(o for o, _ in outputs),
+                  "".join(e for _, e in outputs))
 
 
 def run_train(args, nproc=1, check=True, env=None, script="train.py", torchrun=False):
@@ -251,7 +280,7 @@ def run_train(args, nproc=1, check=True, env=None, script="train.py", torchrun=F
     elif nproc > 1:
         result = run_ranks(script, args, nproc, full_env)
     elif "--wandb_log=True" in args:
-        result = run_script([script, *args], env=full_env)
+        result = run_python([script, *args], env=full_env)
     else:
         result = run_in_process([script, *args], env)
     if check and result.status != 0:

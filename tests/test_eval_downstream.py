@@ -26,7 +26,7 @@ from eval.downstream import PAPER_TABLE2, PAPER_TASK_YAMLS, TASKS, make_adapter_
 from fakes.hub import NOWHERE, no_hub_env  # noqa: E402
 from helpers import LM_EVAL_FIXTURES as FIXTURES, write_fixture_tasks  # noqa: E402
 from pretrain.checkpointer import list_checkpoints, load_model  # noqa: E402
-from running import REPO, run_in_process, run_script  # noqa: E402
+from running import REPO, run_in_process, run_python, run_script  # noqa: E402
 
 VOCAB = 50257
 
@@ -361,7 +361,7 @@ def test_without_the_hub_the_paper_tasks_stop_in_one_line_before_any_model(train
     dataset = load_yaml(installed, resolve_func=False)["dataset_path"]
     env = offline_env(tmp_path, HF_HUB_OFFLINE=None, HF_DATASETS_OFFLINE=None) if mode == "Hub unreachable" \
         else offline_env(tmp_path)
-    proc = run_script([sys.executable, "-m", "eval.downstream", trained_runs["sa"], "--limit", "20", "--device", "cpu",
+    proc = run_python(["-m", "eval.downstream", trained_runs["sa"], "--limit", "20", "--device", "cpu",
                        "--out", tmp_path / "out"], env=env)
     assert proc.returncode == 3, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
@@ -394,7 +394,7 @@ def test_a_task_data_file_that_cannot_be_read_is_named_in_one_line(trained_runs,
         data.write_text(good[0] + '{"question": "is it cut off\n' + "".join(good[1:]))
     elif case == "not an object":
         data.write_text(good[0] + "[1, 2]\n")
-    proc = run_script([sys.executable, "-m", "eval.downstream", trained_runs["sa"], "--include_path", tasks,
+    proc = run_python(["-m", "eval.downstream", trained_runs["sa"], "--include_path", tasks,
                        "--no_default_tasks", "--device", "cpu", "--out", tmp_path / "out"], env=offline_env(tmp_path))
     assert proc.returncode == 3, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()

@@ -4,7 +4,6 @@ what cannot be exported is refused in one line without writing anything."""
 
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from micro import CORPUS
 from model import GPT, GPTConfig
 from pretrain.checkpoint_format import save_checkpoint
 from pretrain.train_config import make_config
-from running import REPO, run_in_process, run_script
+from running import REPO, run_in_process, run_python
 
 pytestmark = pytest.mark.slow  # each export builds a tokenizer and writes a model: seconds, not milliseconds
 
@@ -162,7 +161,7 @@ def test_bfloat16_weights_in_shards_with_an_index(tmp_path):
 
 def run_export(*args):
     """The exporter in a process of its own (what it prints, how it exits)."""
-    return run_script([sys.executable, *EXPORT, *map(str, args)])
+    return run_python([*EXPORT, *map(str, args)])
 
 
 def test_what_cannot_be_exported_is_one_line_and_writes_nothing(tmp_path):
@@ -201,7 +200,7 @@ def test_push_to_hub_without_a_login_is_one_line(tmp_path):
     path, _ = checkpoint_of("sa", tmp_path / "run")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_TOKEN")}
     env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="0")
-    result = run_script([sys.executable, *EXPORT, path, tmp_path / "hf", "--push_to_hub", "me/xsa-test"], env=env)
+    result = run_python([*EXPORT, path, tmp_path / "hf", "--push_to_hub", "me/xsa-test"], env=env)
     assert result.status == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: --push_to_hub needs a Hugging Face login")
     assert (tmp_path / "hf" / "config.json").exists()  # the export itself is done
@@ -213,7 +212,7 @@ def test_push_to_hub_uploads_the_whole_folder(tmp_path):
     folder = tmp_path / "hf"
     with accepting_hub() as (endpoint, hub):
         env = no_hub_env(endpoint, tmp_path, HF_TOKEN="hf_fake", HF_HUB_OFFLINE="0", HF_HUB_DISABLE_XET="1")
-        result = run_script([sys.executable, *EXPORT, path, folder, "--push_to_hub", "tester/xsa-tiny"], env=env)
+        result = run_python([*EXPORT, path, folder, "--push_to_hub", "tester/xsa-tiny"], env=env)
     assert result.status == 0, result.stderr[-3000:] + str(hub.requests)
     assert "pushed to tester/xsa-tiny" in result.stdout
     sent = hub.files["tester/xsa-tiny"]

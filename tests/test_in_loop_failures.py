@@ -19,7 +19,7 @@ from micro import micro_args  # noqa: E402
 from pretrain.checkpointer import list_checkpoints  # noqa: E402
 from pretrain.metrics import read_metrics  # noqa: E402
 from pretrain.train_config import resolve  # noqa: E402
-from running import HANG_GUARD_S, REPO, run_script, run_train  # noqa: E402
+from running import HANG_GUARD_S, REPO, run_python, run_script, run_train  # noqa: E402
 
 # a few steps, a checkpoint every 2: the passes run at steps 2 and 4
 SHORT = dict(max_iters=4, lr_decay_iters=4, eval_interval=2, checkpoint_interval=2, log_interval=1)
@@ -88,10 +88,8 @@ def test_without_gpt2s_encoding_a_run_that_needs_it_stops_before_it_writes_anyth
     """Its own process: tiktoken keeps a loaded encoding for the process's life. Before, the run trained and
     ended at step 2 in a ConnectionError's traceback, exit 1 (relaunched), without step 2's checkpoint."""
     out = tmp_path / "run"
-    result = run_script([sys.executable, "train.py", *micro_args(data_dir, str(out), downstream_limit=3,
-                                                                 downstream_include_path=tasks,
-                                                                 **{**SHORT, interval: 2})],
-                        env=no_tokenizer_env(tmp_path))
+    result = run_python(["train.py", *micro_args(data_dir, str(out), downstream_limit=3, downstream_include_path=tasks,
+                                                 **{**SHORT, interval: 2})], env=no_tokenizer_env(tmp_path))
     assert result.status == 3, result.stdout[-2000:] + result.stderr[-2000:]
     line = one_line(result)
     assert "cannot load GPT-2's encoding" in line and "TIKTOKEN_CACHE_DIR" in line and f"{interval}=0" in line
@@ -102,7 +100,7 @@ def test_without_gpt2s_encoding_a_run_that_needs_it_stops_before_it_writes_anyth
 def test_without_gpt2s_encoding_a_run_that_does_not_need_it_trains_and_logs_no_val_bpb(data_dir, tmp_path):
     """Bits per byte need each token's text; without the encoding the run says so in its log and trains on."""
     out = tmp_path / "run"
-    result = run_script([sys.executable, "train.py", *micro_args(data_dir, str(out), **{**SHORT, "max_iters": 2})],
+    result = run_python(["train.py", *micro_args(data_dir, str(out), **{**SHORT, "max_iters": 2})],
                         env=no_tokenizer_env(tmp_path))
     assert result.status == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "val_bpb is not logged: cannot load GPT-2's encoding" in result.output
@@ -117,7 +115,7 @@ def test_the_eval_scripts_without_gpt2s_encoding_end_in_one_line(data_dir, tasks
     run_train(micro_args(data_dir, out, max_iters=2, checkpoint_interval=2, eval_interval=2))
     extra = ["--include_path", tasks, "--no_default_tasks", "--tasks", "piqa", "--limit", "2",
              "--out", str(tmp_path / "eval")] if script == "eval.downstream" else ["--num_samples", "1"]
-    result = run_script([sys.executable, "-m", script, out, "--device", "cpu", *extra], env=no_tokenizer_env(tmp_path))
+    result = run_python(["-m", script, out, "--device", "cpu", *extra], env=no_tokenizer_env(tmp_path))
     assert result.status == 3, result.stdout[-2000:] + result.stderr[-2000:]
     assert "cannot load GPT-2's encoding" in one_line(result)
 
