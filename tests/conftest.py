@@ -13,6 +13,8 @@ import threading
 
 import pytest
 
+from running import usable_cores
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # the GPT-2 BPE files are downloaded by tiktoken on first use; an offline machine points
@@ -36,20 +38,6 @@ os.environ["GIT_CONFIG_GLOBAL"] = os.path.join(REPO, "tests", "fixtures", "trust
 if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
-
-
-def usable_cores():
-    """The CPUs this process may run on, capped by a container's CPU quota (cgroup v2), which the
-    affinity mask does not show: a 2-CPU container on a 64-core host must not start 64 workers."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()
-        if quota != "max":
-            cores = min(cores, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):  # no cgroup v2 here, or a format we do not know
-        pass
-    return cores
 
 
 CORES = usable_cores()
@@ -83,6 +71,12 @@ def pytest_collection_modifyitems(config, items):
         slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
     first_seen = {path: i for i, path in enumerate(slow)}
     items.sort(key=lambda item: (-slow[item.path], first_seen[item.path]))
+
+
+def pytest_unconfigure(config):
+    """The preloaded Python's processes count in this one's CPU time (running.stop_preloaded_python)."""
+    from running import stop_preloaded_python
+    stop_preloaded_python()
 
 
 @pytest.fixture(scope="session")

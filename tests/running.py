@@ -18,6 +18,20 @@ HANG_GUARD_S = 480
 TORCHRUN_GRACE = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(HANG_GUARD_S)}
 
 
+def usable_cores():
+    """The CPUs this process may run on, capped by a container's CPU quota (cgroup v2), which the
+    affinity mask does not show: a 2-CPU container on a 64-core host must not start 64 workers."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):  # no cgroup v2 here, or a format we do not know
+        pass
+    return cores
+
+
 def cpu_threads():
     """The CPU threads of one test process, as conftest.py set them (OMP_NUM_THREADS)."""
     return max(1, int(os.environ.get("OMP_NUM_THREADS") or 1))
@@ -163,6 +177,13 @@ def preloaded_python():
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed", "train"])
     return context
+
+
+def stop_preloaded_python():
+    """Stop this process's preloaded_python() server, if it started one, and wait for it to end: the CPU time of
+    the processes forked from it then counts among this process's children, as /usr/bin/time reports it."""
+    if "multiprocessing.forkserver" in sys.modules:
+        sys.modules["multiprocessing.forkserver"]._forkserver._stop()
 
 
 def run_as_main(args, env, cwd, stdout_path, stderr_path):
