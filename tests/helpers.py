@@ -4,7 +4,6 @@ model): test files import these from here, never from one another."""
 import os
 import re
 import shlex
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from eval.downstream import PAPER_TASK_YAMLS
 from model import GPT, GPTConfig
 from pretrain.metrics import read_metrics
 from pretrain.shards import list_shards, read_shard
-from running import HANG_GUARD_S, REPO, run_script
+from running import HANG_GUARD_S, REPO, python_shim, run_script
 
 # the document masks' eot_token in the toy vocabularies below: a token of theirs and of GPT-2's
 TOY_EOT = 7
@@ -207,9 +206,13 @@ SWEEP_ENV = ("NPROC", "GPUS", "SEEDS", "OUT_ROOT", "DRY_RUN", "PYTHON", "SIZE", 
              "CUDA_VISIBLE_DEVICES")
 
 
+# the scripts' $PYTHON: the interpreter running pytest, through the preloaded server (running.python_shim)
+SWEEP_PYTHON = os.path.join(python_shim(), "python")
+
+
 def sweep_env(**env):
     clean = {k: v for k, v in os.environ.items() if k not in SWEEP_ENV}
-    return {**clean, "PYTHON": sys.executable, "NPROC": "1", **env}
+    return {**clean, "PYTHON": SWEEP_PYTHON, "NPROC": "1", **env}
 
 
 def run_sweep(script, *args, check=True, timeout=HANG_GUARD_S, **env):

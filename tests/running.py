@@ -55,12 +55,49 @@ class Result:
         return self.stdout + self.stderr
 
 
+def python_shim():
+    """The directory of a `python` that runs a program in a process forked from this test process's preloaded
+    server (preloaded.py), once start_preloaded_server has started it, else as the real interpreter does: the
+    tests put it first on their PATH and in $PYTHON, for the scripts they start."""
+    global SHIM_DIR
+    if SHIM_DIR is None:
+        import tempfile
+        SHIM_DIR = tempfile.mkdtemp(prefix="python_shim_")
+        with open(os.path.join(SHIM_DIR, "python"), "w") as f:
+            f.write(f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {os.path.join(REPO, 'tests')!r})\n"
+                    "import preloaded\npreloaded.shim(sys.argv[1:])\n")
+        os.chmod(os.path.join(SHIM_DIR, "python"), 0o755)
+    return SHIM_DIR
+
+
+SHIM_DIR = None
+PRELOADED_SERVER = None
+
+
+def start_preloaded_server():
+    """Start this test process's preloaded.py server, unless it runs: ready seconds later (its imports), and
+    until then the shim runs the real interpreter. Its socket is in the environment ($PRELOADED_PYTHON_SOCKET)
+    of every process started after."""
+    global PRELOADED_SERVER
+    import subprocess
+    from preloaded import SOCKET_ENV
+    if PRELOADED_SERVER is None:
+        address = os.path.join(python_shim(), "server.sock")
+        PRELOADED_SERVER = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "preloaded.py"), "serve",
+                                             address], env={**os.environ, "PYTHONPATH": REPO},
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        os.environ[SOCKET_ENV] = address
+
+
 def run_script(cmd, *, cwd=REPO, env=None, timeout=HANG_GUARD_S):
     """Run cmd (a program and its arguments, or a program alone) from cwd, the repo root unless told, and
     return its Result; a Python script (.py) runs under the interpreter running pytest. env, when given,
     is the whole environment. It runs in a session of its own: past timeout (a hang), the whole session is
     killed, torchrun's ranks and a script's children with it, and the test fails saying so."""
     import subprocess
+    start_preloaded_server()
+    if env is not None and "PRELOADED_PYTHON_SOCKET" in os.environ:
+        env = {"PRELOADED_PYTHON_SOCKET": os.environ["PRELOADED_PYTHON_SOCKET"], **env}
     args = [str(cmd)] if isinstance(cmd, (str, os.PathLike)) else [str(a) for a in cmd]
     if args[0].endswith(".py"):
         args.insert(0, sys.executable)
@@ -184,6 +221,9 @@ def stop_preloaded_python():
     the processes forked from it then counts among this process's children, as /usr/bin/time reports it."""
     if "multiprocessing.forkserver" in sys.modules:
         sys.modules["multiprocessing.forkserver"]._forkserver._stop()
+    if PRELOADED_SERVER is not None:
+        PRELOADED_SERVER.terminate()
+        PRELOADED_SERVER.wait()
 
 
 def run_as_main(args, env, cwd, stdout_path, stderr_path):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from helpers import dry_run
+from helpers import SWEEP_PYTHON, dry_run
 from micro import micro_args
 from pretrain.metrics import read_metrics
 from running import HANG_GUARD_S, REPO, run_script
@@ -270,7 +270,7 @@ def test_processes_follow_cuda_visible_devices_as_in_the_sweeps(fakes, tmp_path,
     sweep = dry_run("sweep_sizes.sh", OUT_ROOT=str(tmp_path / "out"), SIZES="tiny", NPROC="", PATH=env["PATH"],
                     FAKE_GPUS="4", **({} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}))
     expected = ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "train.py"] if nproc > 1 else \
-        [sys.executable, "train.py"]
+        [SWEEP_PYTHON, "train.py"]
     assert [c["launcher"] for c in sweep] == [expected] * 2
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import config_value, dry_run, run_sweep, sweep_env
+from helpers import SWEEP_PYTHON, config_value, dry_run, run_sweep, sweep_env
 from micro import micro_args
 from pretrain.metrics import read_metrics
 from running import HANG_GUARD_S, REPO, run_script
@@ -46,7 +46,7 @@ def test_lr_sweep_runs_sa_and_xsa_at_the_paper_learning_rates(tmp_path):
     assert len(commands) == 8
     seen = set()
     for cmd in commands:
-        assert cmd["launcher"] == [sys.executable, "train.py"] and cmd["env"] == {}
+        assert cmd["launcher"] == [SWEEP_PYTHON, "train.py"] and cmd["env"] == {}
         attn = os.path.basename(cmd["config"]).split("_")[0]
         lr = cmd["overrides"]["learning_rate"]
         assert cmd["config"] == f"config/{attn}_1p4b.py"
@@ -213,7 +213,7 @@ def test_launchers_for_gpus_and_processes(tmp_path):
     # one single-GPU run per GPU, in parallel (the dry run shows them round-robin)
     commands = dry_run("sweep_lr.sh", OUT_ROOT=str(tmp_path), GPUS="0 1 2 3", NPROC="")
     assert [c["env"] for c in commands] == [{"CUDA_VISIBLE_DEVICES": g} for g in "01230123"]
-    assert all(c["launcher"] == [sys.executable, "train.py"] for c in commands)
+    assert all(c["launcher"] == [SWEEP_PYTHON, "train.py"] for c in commands)
     # two GPUs per run: torchrun with two processes, on disjoint GPUs
     commands = dry_run("sweep_sinks.sh", OUT_ROOT=str(tmp_path), GPUS="0,1 2,3", NPROC="")
     assert [c["env"]["CUDA_VISIBLE_DEVICES"] for c in commands] == ["0,1", "2,3"] * 3
