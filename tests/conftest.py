@@ -75,9 +75,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_unconfigure(config):
-    """The preloaded Python's processes count in this one's CPU time (running.stop_preloaded_python)."""
-    from running import stop_preloaded_python
-    stop_preloaded_python()
+    """The preloaded server's processes count in this one's CPU time (running.stop_preloaded_server)."""
+    from running import stop_preloaded_server
+    stop_preloaded_server()
 
 
 @pytest.fixture(scope="session")

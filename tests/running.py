@@ -74,19 +74,30 @@ SHIM_DIR = None
 PRELOADED_SERVER = None
 
 
-def start_preloaded_server():
+def start_preloaded_server(wait=False):
     """Start this test process's preloaded.py server, unless it runs: ready seconds later (its imports), and
-    until then the shim runs the real interpreter. Its socket is in the environment ($PRELOADED_PYTHON_SOCKET)
-    of every process started after."""
+    until then the shim runs the real interpreter (wait: until it is ready, or has failed). Its socket is in
+    the environment ($PRELOADED_PYTHON_SOCKET) of every process started after."""
     global PRELOADED_SERVER
     import subprocess
+    import time
     from preloaded import SOCKET_ENV
+    address = os.path.join(python_shim(), "server.sock")
     if PRELOADED_SERVER is None:
-        address = os.path.join(python_shim(), "server.sock")
         PRELOADED_SERVER = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "preloaded.py"), "serve",
                                              address], env={**os.environ, "PYTHONPATH": REPO},
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         os.environ[SOCKET_ENV] = address
+    while wait and not os.path.exists(address) and PRELOADED_SERVER.poll() is None:
+        time.sleep(0.05)
+
+
+def stop_preloaded_server():
+    """Stop this test process's preloaded server, if it started one, and wait for it to end: the CPU time of
+    the processes forked from it then counts among this process's children, as /usr/bin/time reports it."""
+    if PRELOADED_SERVER is not None:
+        PRELOADED_SERVER.terminate()
+        PRELOADED_SERVER.wait()
 
 
 def run_script(cmd, *, cwd=REPO, env=None, timeout=HANG_GUARD_S):
@@ -204,126 +215,60 @@ def free_port():
         return s.getsockname()[1]
 
 
-def preloaded_python():
-    """multiprocessing's forkserver, its server process having imported torch, dynamo (which the optimizer's
-    first step imports) and train.py's modules once: each process forked from it starts a program as `python`
-    would, without the ~5 s of a new Python's imports. One server per test process, started at first use. It
-    imports neither the Hub's libraries nor tiktoken, which read their environment when imported or keep what
-    they loaded: each forked process does that itself."""
-    import multiprocessing
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed", "train"])
-    return context
-
-
-def stop_preloaded_python():
-    """Stop this process's preloaded_python() server, if it started one, and wait for it to end: the CPU time of
-    the processes forked from it then counts among this process's children, as /usr/bin/time reports it."""
-    if "multiprocessing.forkserver" in sys.modules:
-        sys.modules["multiprocessing.forkserver"]._forkserver._stop()
-    if PRELOADED_SERVER is not None:
-        PRELOADED_SERVER.terminate()
-        PRELOADED_SERVER.wait()
-
-
-def run_as_main(args, env, cwd, stdout_path, stderr_path):
-    """In a process forked from preloaded_python(): `python args` (a script and its arguments, or "-m", a module
-    and its arguments) as Python runs it, in a session of its own (a kill reaches its children too), with env as
-    its whole environment, cwd as its directory and its output in the two files. Its exit status is the one
-    Python would give: sys.exit's, or 1 after a traceback."""
-    import atexit
-    import runpy
-    import torch
-    os.setsid()
-    for fd, path in ((1, stdout_path), (2, stderr_path)):
-        file_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(file_fd, fd)
-        os.close(file_fd)
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    torch.set_num_threads(max(1, int(env.get("OMP_NUM_THREADS") or 1)))  # as torch's import reads it
-    try:
-        if args[0] == "-m":
-            sys.argv, sys.path[:0] = args[1:], [cwd]  # run_module puts the module's file in sys.argv[0]
-            sys.modules.pop(args[1], None)  # imported by the server: `python -m` runs it afresh
-            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv, sys.path[:0] = list(args), [os.path.dirname(os.path.abspath(args[0]))]
-            runpy.run_path(args[0], run_name="__main__")
-    finally:
-        atexit._run_exitfuncs()  # multiprocessing's children end with os._exit, which skips them
-
-
-def run_preloaded(commands, cwd=REPO, timeout=HANG_GUARD_S):
-    """Run each of commands ((python args, whole environment)) at once in a process forked from
-    preloaded_python() and wait for them; the first to fail ends the others (SIGKILL to its session). Returns
-    (their statuses as first seen failed or all ended, None for one still running then and killed;
-    [(stdout, stderr)]), both in commands' order. A hang fails the test."""
-    import shutil
-    import tempfile
-    import time
-    context, logs = preloaded_python(), tempfile.mkdtemp(prefix="preloaded_")
-    procs = []
-    for i, (args, env) in enumerate(commands):
-        for stream in ("out", "err"):  # there to read even if the process ends before it opens them
-            open(os.path.join(logs, f"{i}.{stream}"), "w").close()
-        procs.append(context.Process(target=run_as_main, args=(
-            [str(a) for a in args], env, str(cwd), os.path.join(logs, f"{i}.out"), os.path.join(logs, f"{i}.err"))))
-        procs[-1].start()
-    deadline, failed, statuses = time.monotonic() + timeout, False, [None] * len(procs)
-    try:
-        while time.monotonic() < deadline:
-            statuses = [p.exitcode for p in procs]
-            failed = any(status not in (None, 0) for status in statuses)
-            if failed or None not in statuses:
-                break
-            time.sleep(0.01)
-    finally:
-        hung = not failed and any(p.exitcode is None for p in procs)
-        for p in procs:
-            if p.exitcode is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)  # its session: the process and its compile workers
-                except (ProcessLookupError, PermissionError):  # not yet its session's leader
-                    p.kill()
-                p.join()
-    if hung:
-        pytest.fail(f"{[args for args, _ in commands]} still ran after {timeout} s: a hang, killed")
-    outputs = []
-    for i in range(len(commands)):
-        with open(os.path.join(logs, f"{i}.out")) as out, open(os.path.join(logs, f"{i}.err")) as err:
-            outputs.append((out.read(), err.read()))
-    shutil.rmtree(logs)
-    return statuses, outputs
-
-
 def run_python(args, env=None, cwd=REPO, timeout=HANG_GUARD_S):
     """`python args` (a script and its arguments, or "-m", a module and its arguments) from cwd in a process of
-    its own, forked from preloaded_python(): its environment (env: the whole of it, else this process's), exit
-    status and output are its own, without a new Python's ~5 s of imports. Returns its Result. For a program
-    whose process is what the test needs (the environment it reads at import, a cache it keeps); not where
-    signals are the subject, nor what a program imports."""
-    statuses, outputs = run_preloaded([(args, dict(os.environ) if env is None else env)], cwd, timeout)
-    return Result([str(a) for a in args], statuses[0], *outputs[0])
+    its own, through the preloaded server (python_shim): its environment (env: the whole of it, else this
+    process's), exit status and output are its own, without a new Python's seconds of imports. Returns its
+    Result. For a program whose process is what the test needs (the environment it reads at import, a cache it
+    keeps, its exit); not where what a program imports is the subject."""
+    start_preloaded_server(wait=True)
+    return run_script([os.path.join(python_shim(), "python"), *args], cwd=cwd, env=env, timeout=timeout)
 
 
 def run_ranks(script, args, nproc, env, timeout=HANG_GUARD_S):
     """Run nproc copies of `python script args` as the ranks of one process group, with the variables torchrun
-    gives its ranks (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), forked from
-    preloaded_python() without torchrun's launcher: the launcher and each rank's imports would cost a Python
-    and torch start of their own. As torchrun does, the first rank to fail ends the others (a rank left alone
-    would wait in a collective until the process group's timeout). Returns a Result: the status of the lowest
-    rank that failed, else 0; the ranks' output one after another, rank 0's first."""
+    gives its ranks (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), through the preloaded server
+    (python_shim) and without torchrun's launcher: the launcher and each rank's imports would cost a Python and
+    torch start of their own. As torchrun does, the first rank to fail ends the others (a rank left alone would
+    wait in a collective until the process group's timeout). Returns a Result: a failed rank's status (the
+    lowest rank's, of those seen failed at once), else 0; the ranks' output one after another, rank 0's first."""
+    import subprocess
+    import tempfile
+    import time
+    start_preloaded_server(wait=True)
+    cmd = [os.path.join(python_shim(), "python"), script, *args]
     port = free_port()
-    ranks = [([script, *args], {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-                                "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                                "MASTER_PORT": str(port)})
-             for rank in range(nproc)]
-    statuses, outputs = run_preloaded(ranks, timeout=timeout)
-    failed = [status for status in statuses if status not in (None, 0)]
-    return Result([script, *args], failed[0] if failed else 0, "".join(o for o, _ in outputs),
-                  "".join(e for _, e in outputs))
+    procs, logs = [], []
+    for rank in range(nproc):
+        out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+                    "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port), "PRELOADED_PYTHON_SOCKET": os.environ["PRELOADED_PYTHON_SOCKET"]}
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=rank_env, stdout=out, stderr=err, text=True,
+                                      start_new_session=True))
+        logs.append((out, err))
+    deadline, failed = time.monotonic() + timeout, []
+    try:
+        while time.monotonic() < deadline:
+            statuses = [p.poll() for p in procs]
+            failed = [status for status in statuses if status not in (None, 0)]  # in the ranks' order
+            if failed or None not in statuses:
+                break
+            time.sleep(0.01)
+    finally:
+        hung = not failed and any(p.poll() is None for p in procs)
+        for p in procs:
+            if p.poll() is None:
+                kill_group(p)  # the server then kills the rank it runs
+                p.wait()
+    if hung:
+        pytest.fail(f"{cmd} on {nproc} ranks still ran after {timeout} s: a hang, killed")
+    texts = []
+    for out, err in logs:
+        out.seek(0), err.seek(0)
+        texts.append((out.read(), err.read()))
+        out.close(), err.close()
+    return Result(cmd, failed[0] if failed else 0, "".join(o for o, _ in texts), "".join(e for _, e in texts))
 
 
 def run_train(args, nproc=1, check=True, env=None, script="train.py", torchrun=False):
