@@ -217,7 +217,7 @@ def sweep_env(**env):
 
 def run_sweep(script, *args, check=True, timeout=HANG_GUARD_S, **env):
     proc = run_script([os.path.join(REPO, "scripts", script), *args], env=sweep_env(**env), timeout=timeout,
-                      cwd="/")  # the scripts find the repo themselves
+                      cwd="/", preloaded=True)  # the scripts find the repo themselves
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc

@@ -100,13 +100,15 @@ def stop_preloaded_server():
         PRELOADED_SERVER.wait()
 
 
-def run_script(cmd, *, cwd=REPO, env=None, timeout=HANG_GUARD_S):
+def run_script(cmd, *, cwd=REPO, env=None, timeout=HANG_GUARD_S, preloaded=False):
     """Run cmd (a program and its arguments, or a program alone) from cwd, the repo root unless told, and
     return its Result; a Python script (.py) runs under the interpreter running pytest. env, when given,
     is the whole environment. It runs in a session of its own: past timeout (a hang), the whole session is
-    killed, torchrun's ranks and a script's children with it, and the test fails saying so."""
+    killed, torchrun's ranks and a script's children with it, and the test fails saying so. preloaded: the
+    `python` it runs goes through this process's preloaded server, started (and waited for) first."""
     import subprocess
-    start_preloaded_server()
+    if preloaded:
+        start_preloaded_server(wait=True)
     if env is not None and "PRELOADED_PYTHON_SOCKET" in os.environ:
         env = {"PRELOADED_PYTHON_SOCKET": os.environ["PRELOADED_PYTHON_SOCKET"], **env}
     args = [str(cmd)] if isinstance(cmd, (str, os.PathLike)) else [str(a) for a in cmd]
@@ -221,8 +223,8 @@ def run_python(args, env=None, cwd=REPO, timeout=HANG_GUARD_S):
     process's), exit status and output are its own, without a new Python's seconds of imports. Returns its
     Result. For a program whose process is what the test needs (the environment it reads at import, a cache it
     keeps, its exit); not where what a program imports is the subject."""
-    start_preloaded_server(wait=True)
-    return run_script([os.path.join(python_shim(), "python"), *args], cwd=cwd, env=env, timeout=timeout)
+    return run_script([os.path.join(python_shim(), "python"), *args], cwd=cwd, env=env, timeout=timeout,
+                      preloaded=True)
 
 
 def run_ranks(script, args, nproc, env, timeout=HANG_GUARD_S):

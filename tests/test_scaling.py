@@ -443,7 +443,7 @@ def dry_run_ladder(tmp_path, **env):
             if k not in ("SIZES", "DEPTHS", "TOKENS_PER_PARAM", "SEEDS", "GPUS", "NPROC", "INPUT", "DATA_DIR")}
     proc = run_script([os.path.join(REPO, "scripts", "sweep_ladder.sh")], cwd="/",
                       env={**keep, "DRY_RUN": "1", "NPROC": "1", "OUT_ROOT": str(tmp_path),
-                           "DATA_DIR": str(tmp_path / "shards"), **env})
+                           "DATA_DIR": str(tmp_path / "shards"), **env}, preloaded=True)
     assert proc.returncode == 0, proc.stderr
     rungs = [dict(word.split("=", 1) for word in line.split()[2:]) for line in proc.stdout.splitlines()
              if line.startswith("# rung ")]
@@ -532,5 +532,5 @@ def test_ladder_settings_are_read_as_written(tmp_path):
     keep = {k: v for k, v in os.environ.items() if k not in ("DEPTHS", "SEEDS", "TOKENS_PER_PARAM")}
     proc = run_script([os.path.join(REPO, "scripts", "sweep_ladder.sh")], cwd="/",
                       env={**keep, "DRY_RUN": "1", "SIZES": "tiny", "DEPTHS": "   ", "OUT_ROOT": str(tmp_path),
-                           "DATA_DIR": str(tmp_path / "shards")})
+                           "DATA_DIR": str(tmp_path / "shards")}, preloaded=True)
     assert proc.returncode == 2 and proc.stderr.strip() == "error: DEPTHS='   ': the ladder has no rungs"

@@ -414,7 +414,7 @@ def test_sweeps_resolve_a_runs_config_as_train_py_does():
     argv = ["config/xsa_1p4b.py", "--max_iters=1234", "--learning_rate=2e-4", "--xsa_gate=True"]
     keys = ["max_iters", "learning_rate", "batch_size", "block_size", "eval_interval", "lr_decay_iters", "min_lr"]
     proc = run_script(["bash", "-c", 'source scripts/sweep_common.sh && resolve_config "$@"', "resolve",
-                       " ".join(keys + ["variant"]), *argv], env=sweep_env())
+                       " ".join(keys + ["variant"]), *argv], env=sweep_env(), preloaded=True)
     assert proc.returncode == 0, proc.stderr
     config, _ = resolve([os.path.join(REPO, a) if a.startswith("config/") else a for a in argv])
     assert proc.stdout.split() == [str(getattr(config, k)) for k in keys] + [variant_name(config)]
