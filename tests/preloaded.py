@@ -1,8 +1,8 @@
 """A `python` for the scripts the tests start (sweeps, launchers, gpu_check.sh) that skips the seconds of imports
 a new Python spends on torch and train.py's modules: a server that has imported them once forks a process for
 each program, which then runs as `python ARGS` would run it, with the caller's arguments, environment, working
-directory, standard streams, signals and exit status. The shim (`shim_dir()/python`, first on the tests' PATH
-and their $PYTHON) asks the server, or runs the real interpreter where the server cannot stand in for it: no
+directory, standard streams, signals and exit status. The shim (running.python_shim(), first on the tests'
+PATH and their $PYTHON) asks the server, or runs the real interpreter where the server cannot stand in for it: no
 server yet, interpreter options other than -u and -B, or a program beside another checkout's modules (a copy of
 the repository), whose own files must be the ones imported.
 
@@ -16,7 +16,7 @@ import socket
 import struct
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "train")
 SOCKET_ENV = "PRELOADED_PYTHON_SOCKET"  # where the shim finds the server
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -182,6 +182,17 @@ def run_program(request, fds, base_path):
         os._exit(status & 0xFF)
 
 
+def kill_session(pid):
+    """SIGKILL pid's session (its program and that one's children), or pid alone before it has made one."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def serve(address):
     """Import PRELOAD, then listen on address: a process forked per request, its pid and then its exit status
     (negative: the signal that ended it) sent back. A shim that goes away takes its program with it (SIGKILL to
@@ -201,24 +212,35 @@ def serve(address):
         for conn in readable:
             if conn is listener:
                 conn, _ = listener.accept()
-                request, fds = receive_message(conn)
+                try:
+                    request, fds = receive_message(conn)
+                except (OSError, ValueError, struct.error):  # a shim gone before its request was whole
+                    conn.close()
+                    continue
                 pid = os.fork()
                 if pid == 0:
-                    listener.close()
-                    for other in children.values():
-                        other.close()
-                    conn.close()
-                    run_program(request, fds, base_path)
+                    try:
+                        listener.close()
+                        for other in children.values():
+                            other.close()
+                        conn.close()
+                        run_program(request, fds, base_path)
+                    finally:
+                        os._exit(1)  # never back into the server's loop
                 for fd in fds:
                     os.close(fd)
-                conn.sendall(f"{pid}\n".encode())
                 children[pid] = conn
-            elif not conn.recv(1):  # the shim is gone
-                pid = next(p for p, c in children.items() if c is conn)
                 try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                    conn.sendall(f"{pid}\n".encode())
+                except OSError:  # the shim is gone: its program goes too
+                    kill_session(pid)
+            else:
+                try:
+                    gone = not conn.recv(1)
+                except OSError:
+                    gone = True
+                if gone:  # the shim is gone: its program goes too
+                    kill_session(next(p for p, c in children.items() if c is conn))
         while children:
             try:
                 pid, wait_status = os.waitpid(-1, os.WNOHANG)

@@ -55,6 +55,10 @@ class Result:
         return self.stdout + self.stderr
 
 
+SHIM_DIR = None  # python_shim's directory, made once per test process
+PRELOADED_SERVER = None  # this test process's preloaded.py server (a Popen), once started
+
+
 def python_shim():
     """The directory of a `python` that runs a program in a process forked from this test process's preloaded
     server (preloaded.py), once start_preloaded_server has started it, else as the real interpreter does: the
@@ -68,10 +72,6 @@ def python_shim():
                     "import preloaded\npreloaded.shim(sys.argv[1:])\n")
         os.chmod(os.path.join(SHIM_DIR, "python"), 0o755)
     return SHIM_DIR
-
-
-SHIM_DIR = None
-PRELOADED_SERVER = None
 
 
 def start_preloaded_server(wait=False):
