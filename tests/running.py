@@ -1,6 +1,9 @@
 """How the tests run the repo's programs: a script or a command in a process of its own (run_script, with every
-wait bounded), a Python entry point in the test's own process (run_in_process, run_eval), the ranks of a process
-group (run_ranks), and train.py any of these ways or under torchrun (run_train), each returning a Result."""
+wait bounded), a Python program in a process of its own without a new Python's imports (run_python), a Python
+entry point in the test's own process (run_in_process, run_eval), the ranks of a process group (run_ranks), and
+train.py any of these ways or under torchrun (run_train), each returning a Result. The `python` of the scripts the
+tests start, and of run_python and run_ranks, goes through this process's preloaded server (preloaded.py,
+python_shim) where it can."""
 
 import dataclasses
 import os
