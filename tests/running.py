@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from preloaded import SOCKET_ENV
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Time limits in tests only end hangs, never judge speed: 8 minutes is far beyond any correct run on a busy
 # machine. pytest-timeout (pytest.ini) ends any test after 10, dumping every thread's stack; this one, shorter,
@@ -84,7 +86,6 @@ def start_preloaded_server(wait=False):
     global PRELOADED_SERVER
     import subprocess
     import time
-    from preloaded import SOCKET_ENV
     address = os.path.join(python_shim(), "server.sock")
     if PRELOADED_SERVER is None:
         PRELOADED_SERVER = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "preloaded.py"), "serve",
@@ -112,8 +113,8 @@ def run_script(cmd, *, cwd=REPO, env=None, timeout=HANG_GUARD_S, preloaded=False
     import subprocess
     if preloaded:
         start_preloaded_server(wait=True)
-    if env is not None and "PRELOADED_PYTHON_SOCKET" in os.environ:
-        env = {"PRELOADED_PYTHON_SOCKET": os.environ["PRELOADED_PYTHON_SOCKET"], **env}
+    if env is not None and SOCKET_ENV in os.environ:  # a whole environment of its own: the server's socket too
+        env = {SOCKET_ENV: os.environ[SOCKET_ENV], **env}
     args = [str(cmd)] if isinstance(cmd, (str, os.PathLike)) else [str(a) for a in cmd]
     if args[0].endswith(".py"):
         args.insert(0, sys.executable)
@@ -248,7 +249,7 @@ def run_ranks(script, args, nproc, env, timeout=HANG_GUARD_S):
         out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
                     "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port), "PRELOADED_PYTHON_SOCKET": os.environ["PRELOADED_PYTHON_SOCKET"]}
+                    "MASTER_PORT": str(port), SOCKET_ENV: os.environ[SOCKET_ENV]}
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=rank_env, stdout=out, stderr=err, text=True,
                                       start_new_session=True))
         logs.append((out, err))
