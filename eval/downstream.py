@@ -226,9 +226,16 @@ def evaluate_model(model, tasks, device, dtype, batch_size=16, limit=None, task_
 def score(adapter, tasks, limit, task_manager, bootstrap_iters):
     """lm-eval's zero-shot evaluation of tasks through adapter (a GPTAdapter): its results, on the processes
     whose LOCAL_RANK is 0 (lm-eval's rule), else None."""
-    from lm_eval import simple_evaluate
-    return simple_evaluate(model=adapter, tasks=list(tasks), num_fewshot=0, limit=limit,
-                           task_manager=task_manager, bootstrap_iters=bootstrap_iters, log_samples=False)
+    from lm_eval import evaluator
+    # simple_evaluate adds torch's environment report to its results (collect_env: `pip list`, nvidia-smi), a
+    # second or more of subprocesses on every call, in-loop passes included; nothing here reads it
+    add_env_info, evaluator.add_env_info = evaluator.add_env_info, lambda results: None
+    try:
+        return evaluator.simple_evaluate(model=adapter, tasks=list(tasks), num_fewshot=0, limit=limit,
+                                         task_manager=task_manager, bootstrap_iters=bootstrap_iters,
+                                         log_samples=False)
+    finally:
+        evaluator.add_env_info = add_env_info
 
 
 def headline_metric(task, metric_names):

@@ -275,6 +275,25 @@ def test_task_results_match_brute_force_scoring(downstream_report, trained_runs,
         pytest.approx(math.exp(sum(nll) / len(nll)), rel=1e-4)
 
 
+@pytest.mark.slow
+def test_scoring_skips_lm_evals_environment_report(sa_model, fixture_tasks, monkeypatch):
+    """simple_evaluate's report of the environment (torch's collect_env, which runs `pip list`) is not made:
+    the scores come without it, and lm-eval is left as it was."""
+    import lm_eval.evaluator
+    import torch.utils.collect_env
+    from lm_eval.tasks import TaskManager
+    from eval.downstream import evaluate_model
+    reports = []
+    monkeypatch.setattr(torch.utils.collect_env, "get_pretty_env_info", lambda: reports.append(1) or "")
+    before = lm_eval.evaluator.add_env_info
+    results = evaluate_model(sa_model, ["boolq"], "cpu", "float32", batch_size=4, bootstrap_iters=0,
+                             task_manager=TaskManager(include_path=fixture_tasks, include_defaults=False))
+    assert 0 <= results["results"]["boolq"]["acc,none"] <= 1 and "pretty_env_info" not in results
+    assert reports == [] and lm_eval.evaluator.add_env_info is before
+    lm_eval.evaluator.add_env_info(results)  # the report the scoring left out, as lm-eval makes it
+    assert reports == [1] and "pretty_env_info" in results
+
+
 def test_hellaswag_fixture_uses_the_installed_process_docs(fixture_tasks):
     """The included YAML's `!function utils.process_docs` resolves next to the installed file."""
     from lm_eval.tasks import TaskManager
