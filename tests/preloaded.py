@@ -108,8 +108,9 @@ def print_traceback(e):
     traceback.print_exception(type(e), e, tb)
 
 
-def run_program(request, fds, base_path):
-    """In the forked process: the program, as Python runs it; never returns."""
+def run_program(request, fds, base_path, shim_path):
+    """In the forked process: the program, as Python runs it; never returns. torchrun (`-m torch.distributed.run`)
+    starts its ranks with sys.executable: the shim's path there, so that they too are forked from the server."""
     import atexit
     import io
     import runpy
@@ -150,6 +151,8 @@ def run_program(request, fds, base_path):
             sys.argv = [target, *rest]  # run_module puts the module's file in sys.argv[0]
             sys.path[:] = [os.getcwd(), *paths, *base_path]
             sys.modules.pop(target, None)  # imported by the server: `python -m` runs it afresh
+            if target == "torch.distributed.run":
+                sys.executable = shim_path
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             source = sys.stdin.read() if mode == "-" else target
@@ -194,8 +197,8 @@ def kill_session(pid):
 
 
 def serve(address):
-    """Import PRELOAD, then listen on address: a process forked per request, its pid and then its exit status
-    (negative: the signal that ended it) sent back. A shim that goes away takes its program with it (SIGKILL to
+    """Import PRELOAD, then listen on address (a socket in the shim's directory, beside its `python`): a process
+    forked per request, its pid and then its exit status (negative: the signal that ended it) sent back. A shim that goes away takes its program with it (SIGKILL to
     its session); the server ends when its parent does."""
     import select
     for name in PRELOAD:
@@ -224,7 +227,7 @@ def serve(address):
                         for other in children.values():
                             other.close()
                         conn.close()
-                        run_program(request, fds, base_path)
+                        run_program(request, fds, base_path, os.path.join(os.path.dirname(address), "python"))
                     finally:
                         os._exit(1)  # never back into the server's loop
                 for fd in fds:

@@ -281,14 +281,15 @@ def run_train(args, nproc=1, check=True, env=None, script="train.py", torchrun=F
     """Run train.py (or a stand-in script) from the repo root and return its Result: in this process (one
     process: the training is the same, and a test spends its time training rather than starting Python), or
     as nproc ranks of a process group (run_ranks), or under torchrun itself (torchrun=True: where its
-    launcher is what the test is about: its exit status, relayed signals, relaunches). A run that logs to
+    launcher is what the test is about: its exit status, relayed signals, relaunches; torchrun and its ranks
+    forked from the preloaded server, run_python). A run that logs to
     wandb, which takes over stdout, gets a process of its own; a deadlock between processes ends after
     HANG_GUARD_S."""
     full_env = {**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, cpu_threads() // nproc)),
                 **(env or {})}
     if torchrun:
-        result = run_script([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                             f"--nproc_per_node={nproc}", script, *args], env=full_env)
+        result = run_python(["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", script, *args],
+                            env=full_env)
     elif nproc > 1:
         result = run_ranks(script, args, nproc, full_env)
     elif "--wandb_log=True" in args:

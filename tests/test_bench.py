@@ -112,7 +112,7 @@ def gpu_check(out, **env):
     returns (Result, gpu_check.json or None)."""
     env = dict(os.environ, DRY_RUN="1", OUT=str(out), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                HF_DATASETS_OFFLINE="1", **env)
-    proc = run_script(["bash", "scripts/gpu_check.sh"], env=env, preloaded=True)  # torchrun's ranks: the real python
+    proc = run_script(["bash", "scripts/gpu_check.sh"], env=env, preloaded=True)
     report = out / "gpu_check.json"
     return proc, json.loads(report.read_text()) if report.exists() else None
 
