@@ -3,8 +3,8 @@ a new Python spends on torch and train.py's modules: a server that has imported 
 each program, which then runs as `python ARGS` would run it, with the caller's arguments, environment, working
 directory, standard streams, signals and exit status. The shim (running.python_shim(), first on the tests'
 PATH and their $PYTHON) asks the server, or runs the real interpreter where the server cannot stand in for it: no
-server yet, interpreter options other than -u and -B, or a program beside another checkout's modules (a copy of
-the repository), whose own files must be the ones imported.
+server yet, or interpreter options other than -u and -B. A program beside another checkout's modules (a copy of
+the repository) imports that checkout's own: its process forgets the modules the server imported from this one.
 
     python preloaded.py serve SOCKET    the server (running.start_preloaded_server starts one per test process)
     python preloaded.py ARGS...         the shim: `python ARGS...`"""
@@ -43,14 +43,19 @@ def other_checkout(directory):
     return directory != REPO and any(os.path.exists(os.path.join(directory, name)) for name in ("model.py", "pretrain"))
 
 
-def servable(args, env, cwd):
-    parsed = program(args)
-    if parsed is None:
-        return None
+def beside_other_checkout(parsed, env, cwd):
+    """Whether the program (program's answer) finds its modules in another checkout first: its script's
+    directory, or the working directory, or a PYTHONPATH entry."""
     first = os.path.dirname(os.path.join(cwd, parsed[2])) if parsed[1] == "script" else cwd
-    if any(other_checkout(d) for d in [first, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]):
-        return None
-    return parsed
+    return any(other_checkout(d) for d in [first, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+
+
+def from_this_checkout(module):
+    try:
+        files = [getattr(module, "__file__", None), *(getattr(module, "__path__", None) or [])]
+    except TypeError:  # a module-like object whose __path__ is no list of directories (torch.ops' namespaces)
+        return False
+    return any(os.path.realpath(f).startswith(REPO + os.sep) for f in files if isinstance(f, str) and os.path.isabs(f))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -65,7 +70,7 @@ def shim(args):
     env, cwd = dict(os.environ), os.getcwd()
     address = env.get(SOCKET_ENV)
     conn = None
-    if address and servable(args, env, cwd):
+    if address and program(args) is not None:
         try:
             conn = socket.socket(socket.AF_UNIX)
             conn.connect(address)
@@ -124,6 +129,10 @@ def run_program(request, fds, base_path, shim_path):
     flags, mode, target, rest = program(request["args"])
     env = request["env"]
     os.chdir(request["cwd"])
+    if beside_other_checkout((flags, mode, target, rest), env, request["cwd"]):
+        for name, module in list(sys.modules.items()):
+            if name != "__main__" and from_this_checkout(module):
+                del sys.modules[name]
     os.environ.clear()
     os.environ.update(env)
     for signum in request["ignored"]:
@@ -198,8 +207,8 @@ def kill_session(pid):
 
 def serve(address):
     """Import PRELOAD, then listen on address (a socket in the shim's directory, beside its `python`): a process
-    forked per request, its pid and then its exit status (negative: the signal that ended it) sent back. A shim that goes away takes its program with it (SIGKILL to
-    its session); the server ends when its parent does."""
+    forked per request, its pid and then its exit status (negative: the signal that ended it) sent back. A shim
+    that goes away takes its program with it (SIGKILL to its session); the server ends when its parent does."""
     import select
     for name in PRELOAD:
         __import__(name)

@@ -40,7 +40,7 @@ def quickstart(repo, cwd, env, steps):
     proc = run_script(["bash", os.path.join(repo, "scripts", "quickstart.sh"), f"--max_iters={steps}",
                        "--checkpoint_interval=2", f"--eval_interval={steps}", "--val_tokens=2048", "--batch_size=4",
                        f"--total_batch_size={TOKENS_PER_STEP}"], cwd=cwd, env=env,
-                      timeout=HANG_GUARD_S)  # prepare.py's worker processes
+                      timeout=HANG_GUARD_S, preloaded=True)  # prepare.py's worker processes
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -90,5 +90,5 @@ def test_quickstart_scores_a_small_val_split_and_says_what_its_result_rests_on(t
                        env=sweep_env(DRY_RUN="1", DATA_DIR=shards, INPUT=plays, OUT_ROOT=str(tmp_path / "out")))
     assert study.returncode == 0, study.stderr
     prepare = next(shlex.split(line) for line in study.stdout.splitlines() if "data.fineweb.prepare" in line)
-    again = run_script(prepare, cwd=repo, timeout=HANG_GUARD_S)
+    again = run_script(prepare, cwd=repo, timeout=HANG_GUARD_S, preloaded=True)
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
