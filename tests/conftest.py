@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from running import python_shim, usable_cores
+from running import preloaded_python, python_shim, usable_cores
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,7 +26,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 # the scripts the tests start run "python", "torchrun" and "hf": those of the interpreter running pytest, its
 # "python" through the preloaded server where that can stand in (running.python_shim)
 os.environ["PATH"] = os.pathsep.join([python_shim(), os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-os.environ.setdefault("PYTHON", os.path.join(python_shim(), "python"))
+os.environ.setdefault("PYTHON", preloaded_python())
 # transformers copies the code of exported models (scripts/export_hf.py) into a module cache: one per
 # test process, so that parallel workers never import each other's half-written copies
 os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf_modules_")

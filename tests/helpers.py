@@ -13,7 +13,7 @@ from eval.downstream import PAPER_TASK_YAMLS
 from model import GPT, GPTConfig
 from pretrain.metrics import read_metrics
 from pretrain.shards import list_shards, read_shard
-from running import HANG_GUARD_S, REPO, python_shim, run_script
+from running import HANG_GUARD_S, REPO, preloaded_python, run_script
 
 # the document masks' eot_token in the toy vocabularies below: a token of theirs and of GPT-2's
 TOY_EOT = 7
@@ -206,8 +206,8 @@ SWEEP_ENV = ("NPROC", "GPUS", "SEEDS", "OUT_ROOT", "DRY_RUN", "PYTHON", "SIZE", 
              "CUDA_VISIBLE_DEVICES")
 
 
-# the scripts' $PYTHON: the interpreter running pytest, through the preloaded server (running.python_shim)
-SWEEP_PYTHON = os.path.join(python_shim(), "python")
+# the scripts' $PYTHON: the interpreter running pytest, through the preloaded server (running.preloaded_python)
+SWEEP_PYTHON = preloaded_python()
 
 
 def sweep_env(**env):

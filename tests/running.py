@@ -79,6 +79,11 @@ def python_shim():
     return SHIM_DIR
 
 
+def preloaded_python():
+    """The shim's `python` (python_shim's directory): through the preloaded server where it can stand in."""
+    return os.path.join(python_shim(), "python")
+
+
 def start_preloaded_server(wait=False):
     """Start this test process's preloaded.py server, unless it runs: ready seconds later (its imports), and
     until then the shim runs the real interpreter (wait: until it is ready, or has failed). Its socket is in
@@ -227,7 +232,7 @@ def run_python(args, env=None, cwd=REPO, timeout=HANG_GUARD_S):
     process's), exit status and output are its own, without a new Python's seconds of imports. Returns its
     Result. For a program whose process is what the test needs (the environment it reads at import, a cache it
     keeps, its exit); not where what a program imports is the subject."""
-    return run_script([os.path.join(python_shim(), "python"), *args], cwd=cwd, env=env, timeout=timeout,
+    return run_script([preloaded_python(), *args], cwd=cwd, env=env, timeout=timeout,
                       preloaded=True)
 
 
@@ -242,7 +247,7 @@ def run_ranks(script, args, nproc, env, timeout=HANG_GUARD_S):
     import tempfile
     import time
     start_preloaded_server(wait=True)
-    cmd = [os.path.join(python_shim(), "python"), script, *args]
+    cmd = [preloaded_python(), script, *args]
     port = free_port()
     procs, logs = [], []
     for rank in range(nproc):
