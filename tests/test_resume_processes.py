@@ -16,7 +16,8 @@ from helpers import RESUME, losses
 from micro import BYTE_TOKENS, micro_args
 from pretrain.checkpointer import list_checkpoints
 from pretrain.metrics import read_metrics
-from running import HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, cpu_threads, run_train
+from running import (HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, cpu_threads, preloaded_python, run_train,
+                     start_preloaded_server)
 
 
 # 30 steps, a checkpoint every 3: a kill lands between two checkpoints. The runs stopped from outside train over
@@ -111,9 +112,15 @@ def wait_for_steps(out_dir, proc, steps):
     assert proc.poll() is None, "the run ended before it could be signalled"
 
 
-def start_train(args, nproc=1, env=None):
-    cmd = [sys.executable, "train.py"] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
+def start_train(args, nproc=1, env=None, preloaded=True):
+    """train.py started, in a process of its own or under torchrun: through the preloaded server (its signals are
+    forwarded to the run), or (preloaded=False) the real interpreter, whose PID is the run's own."""
+    python = sys.executable
+    if preloaded:
+        start_preloaded_server(wait=True)
+        python = preloaded_python()
+    cmd = [python, "train.py"] if nproc == 1 else \
+        [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
     return subprocess.Popen(cmd + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,  # a hang is ended with the ranks (conftest.communicate)
                             env={**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, cpu_threads() // nproc)),
@@ -179,7 +186,7 @@ def test_a_second_run_in_the_same_out_dir_stops_naming_the_first(data_dir, tmp_p
     """One run per out_dir: the second exits 3 naming the holder's PID; the lock dies with its holder
     (kill -9 included), so a relaunch then resumes."""
     out = str(tmp_path / "run")
-    first = start_train(micro_args(data_dir, out, **{**LONG, "checkpoint_interval": 2}))
+    first = start_train(micro_args(data_dir, out, **{**LONG, "checkpoint_interval": 2}), preloaded=False)
     wait_for_steps(out, first, 3)
     second = run_train(micro_args(data_dir, out, init_from="resume", **LONG), check=False)
     assert second.returncode == 3 and f"is in use by another process (PID {first.pid}" in second.stderr
