@@ -1,12 +1,14 @@
 """
 What the scripts in eval/ share: their common command-line flags (checkpoints and --labels,
 --data_dir, --device, --dtype, --out, --quiet), progress bars, writing results and plots, GPT-2's
-encoding (also train.py's, for its in-loop passes), and the validation sequences (a checkpoint's model loads with pretrain/checkpointer.py's load_model_or_exit).
+encoding (also train.py's, for its in-loop passes), the validation sequences and the Student t quantile of
+their intervals (a checkpoint's model loads with pretrain/checkpointer.py's load_model_or_exit).
 Whatever cannot be read or written ends a script with one line on stderr naming it, and exit status 3
 (exits.fail), instead of a traceback.
 """
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -123,6 +125,15 @@ def write_file(out, name, write):
     except OSError as e:
         exits.fail(f"cannot write {path} ({exits.one_line(e)}); give a writable directory with --out")
     return path
+
+
+@functools.lru_cache(maxsize=None)
+def t_quantile(confidence, df):
+    """The Student t quantile of a two-sided interval at this confidence, with df degrees of freedom. Cached:
+    scipy's ppf is slow, and a table and its band ask for the same few over and over. scipy is imported here,
+    not at the top: its second of imports is for the scripts that print an interval."""
+    import scipy.stats
+    return float(scipy.stats.t.ppf((1 + confidence) / 2, df))
 
 
 def fmt(x, signed=False):

@@ -42,7 +42,6 @@ if not __package__:  # run as a file, where the repo's imports fail: say how to 
     sys.exit(2)
 
 import collections
-import functools
 import glob
 import json
 import math
@@ -50,10 +49,8 @@ import os
 import re
 import statistics
 
-import scipy.stats
-
 from eval import common
-from eval.common import fmt
+from eval.common import fmt, t_quantile
 from pretrain import exits
 from pretrain.train_config import BOOKKEEPING_KEYS, PAIRING_KEYS, TRAIN_KEYS, VARIANT_KEYS, variant_name
 
@@ -77,13 +74,6 @@ def paired_stats(diffs, confidence=0.95):
     std = statistics.stdev(diffs)
     half = t_quantile(confidence, n - 1) * std / math.sqrt(n)
     return {"n": n, "mean": mean, "std": std, "ci": (mean - half, mean + half)}
-
-
-@functools.lru_cache(maxsize=None)
-def t_quantile(confidence, df):
-    """The Student t quantile of a two-sided interval at this confidence (scipy's ppf is slow; a table and its
-    band ask for the same few over and over)."""
-    return float(scipy.stats.t.ppf((1 + confidence) / 2, df))
 
 
 # Coverage of paired_stats' 95% interval, measured by simulation from a known mean (200,000 draws each, numpy

@@ -34,7 +34,6 @@ if not __package__:  # run as a file, where the repo's imports fail: say how to 
 import json
 import math
 
-import scipy.stats
 import torch
 import torch.nn.functional as F
 
@@ -172,7 +171,7 @@ def cluster_interval(sums, squares, counts, confidence=0.95):
     if not v.sum() > 0:  # no spread at all: any working model; independent tokens
         v = counts
     df = satterthwaite_df(p, v, a)
-    half = t_quantile(confidence, df) * math.sqrt(variance.item())
+    half = common.t_quantile(confidence, df) * math.sqrt(variance.item())
     return mean.item() - half, mean.item() + half, df
 
 
@@ -191,10 +190,6 @@ def satterthwaite_df(p, v, a):
     cross = (d * (-2 * u * w + total * u * u)).sum()
     square = (d * d).sum() + 2 * cross + low_rank
     return (trace ** 2 / square).item() if square > 0 else float(p.numel() - 1)
-
-
-def t_quantile(confidence, df):
-    return float(scipy.stats.t.ppf((1 + confidence) / 2, df))
 
 
 def format_document_table(results):

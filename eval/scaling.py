@@ -67,13 +67,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-import scipy.stats
 import torch
-from scipy.optimize import least_squares
 
 from configurator import ConfigError
 from eval import common
-from eval.common import fmt
+from eval.common import fmt, t_quantile
 from eval.compare import find_runs
 from model import GPT
 from pretrain import exits
@@ -110,6 +108,7 @@ class Law:
 
 
 def _refine(residuals, jacobian, start, lower, upper):
+    from scipy.optimize import least_squares  # here: scipy's second of imports, for the commands that fit
     start = np.clip(start, lower, upper)
     return least_squares(residuals, start, jac=jacobian, bounds=(lower, upper)).x
 
@@ -412,7 +411,7 @@ def t_interval(values):
         low = -math.inf if -math.inf in values else min(finite_values, default=math.inf)
         return low, (math.inf if math.inf in values else max(finite_values))
     mean, sd = statistics.fmean(values), statistics.stdev(values)
-    half = scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, len(values) - 1) * sd / math.sqrt(len(values))
+    half = t_quantile(CONFIDENCE, len(values) - 1) * sd / math.sqrt(len(values))
     return float(mean - half), float(mean + half)
 
 
@@ -911,7 +910,7 @@ def band(curves):
     curves = np.asarray(curves)
     if len(curves) < 2:
         return None
-    quantile = scipy.stats.t.ppf(0.5 + CONFIDENCE / 2, len(curves) - 1)
+    quantile = t_quantile(CONFIDENCE, len(curves) - 1)
     half = quantile * curves.std(axis=0, ddof=1) / math.sqrt(len(curves))
     return curves.mean(axis=0) - half, curves.mean(axis=0) + half
 

@@ -15,7 +15,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from scipy.optimize import brentq
 
 from eval import scaling
 from model import GPT, GPTConfig
@@ -296,6 +295,7 @@ def test_multiplier_solves_its_defining_equation_for_two_known_laws():
     for compute in (1e15, 1e18, 1e21):
         assert scaling.multiplier(compute, xsa, sa) == pytest.approx(0.8 ** (-1 / 0.2), rel=1e-9)
     # 2. unrelated laws (separate floors): k solves L_SA(k C) = L_XSA(C), found here by root finding in log k
+    from scipy.optimize import brentq
     sa, xsa = scaling.Law(E=2.0, A=180.0, alpha=0.16), scaling.Law(E=1.9, A=150.0, alpha=0.14)
     for compute in (1e16, 1e19, 1e21):
         k = scaling.multiplier(compute, xsa, sa)
