@@ -42,9 +42,10 @@ def flex_on_cpu(monkeypatch):
 # torch 2.13's C++ FlexAttention kernel, inductor's on the CPU, computes the gated GQA variant with NaNs or wrong
 # values on an AVX2 CPU (2-core AMD EPYC, seen run after run), and right where the CPU has AVX-512. A fault of that
 # kernel, not of the model: the eager backend checks the same variant, and CUDA's Triton kernel is checked by
-# scripts/gpu_check.sh. Not strict: a torch that fixes it passes.
+# scripts/gpu_check.sh. On AVX2 with torch 2.13 (requirements.lock's) it is not run: its seconds of compiling
+# would check nothing. Another torch runs it, and one that fixes the kernel passes (not strict).
 INDUCTOR_CPU_GQA_FAULT = pytest.mark.xfail(
-    torch.backends.cpu.get_cpu_capability() == "AVX2", strict=False,
+    torch.backends.cpu.get_cpu_capability() == "AVX2", strict=False, run=not torch.__version__.startswith("2.13."),
     reason="torch 2.13's inductor C++ FlexAttention kernel gets GQA wrong on AVX2 CPUs")
 
 
