@@ -12,7 +12,7 @@ import pytest
 from micro import TRAINED_RUN, TRAINED_STEPS, micro_args
 from pretrain.metrics import read_metrics
 from pretrain.shards import list_shards, read_shard
-from running import REPO, run_script, run_train
+from running import REPO, run_python, run_train
 
 # every test starts train.py or reads the runs it trained: the slow tier
 pytestmark = pytest.mark.slow
@@ -141,7 +141,7 @@ def test_a_run_from_a_modified_tree_saves_the_diff(data_dir, tmp_path):
     model_py = clone / "model.py"
     model_py.write_text(model_py.read_text() + "\n# an uncommitted change\n")
     out = tmp_path / "run"
-    proc = run_script(["train.py", *micro_args(data_dir, str(out), max_iters=1, eval_interval=1)], cwd=clone)
+    proc = run_python(["train.py", *micro_args(data_dir, str(out), max_iters=1, eval_interval=1)], cwd=str(clone))
     assert proc.returncode == 0, proc.stderr[-2000:]
     provenance = json.loads((out / "config.json").read_text())["provenance"]
     assert provenance["git_dirty"] is True
@@ -156,7 +156,7 @@ def test_wandb_without_an_api_key_is_a_config_error_before_anything_is_built(dat
     out = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(tmp_path / "home"), NETRC=str(tmp_path / "no_netrc"))
-    proc = run_script(["train.py", *micro_args(data_dir, str(out), wandb_log=True)], env=env)
+    proc = run_python(["train.py", *micro_args(data_dir, str(out), wandb_log=True)], env=env)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip() == ("config error: wandb_log=True, but wandb has no API key here: run `wandb login` "
                                    "(or set WANDB_API_KEY), log locally with WANDB_MODE=offline, or pass "
