@@ -1,12 +1,15 @@
 """optimizers.py: which parameters each optimizer takes, and MuonAdamW against torch's own Muon and AdamW."""
 
 import copy
+import os
+import sys
 
 import pytest
 import torch
 
 from micro import MICRO, make_optimizer
 from model import GPT, GPTConfig
+from running import REPO, run_ranks
 
 HIDDEN = {"attn.c_q.weight", "attn.c_k.weight", "attn.c_v.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
           "mlp.c_proj.weight"}
@@ -132,11 +135,14 @@ def fixed_grads(model, step):
     return grads
 
 
-def split_muon_worker(rank, world, out_dir, parallelism):
+def split_muon_worker(out_dir, parallelism):
+    """One rank of the split (running.run_ranks starts this file as the ranks' script, with torchrun's variables):
+    three Muon steps on fixed gradients; writes its count of orthogonalised matrices and the weights."""
     import torch.distributed as dist
     from torch.distributed.tensor import distribute_tensor
     from pretrain.optimizers import Muon, is_hidden_matrix
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
     try:
         torch.manual_seed(0)
         model = GPT(GPTConfig(**SPLIT_MODEL))
@@ -167,9 +173,10 @@ def test_split_muon_matches_torch_muon_and_each_process_orthogonalises_its_share
     """Two processes, each orthogonalising about half the matrices and exchanging the bf16 results, end
     with the weights of torch.optim.Muon run whole in one process (whole matrices under DDP; rows of
     every matrix under FSDP2)."""
-    import torch.multiprocessing as mp
     from pretrain.optimizers import is_hidden_matrix
-    mp.start_processes(split_muon_worker, args=(2, str(tmp_path), parallelism), nprocs=2, start_method="spawn")
+    ranks = run_ranks(__file__, [str(tmp_path), parallelism], 2,
+                      env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"})  # the repo's modules too
+    assert ranks.status == 0, ranks.stderr[-3000:]
     by_rank = {rank: torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)}
 
     torch.manual_seed(0)
@@ -192,3 +199,7 @@ def test_split_muon_matches_torch_muon_and_each_process_orthogonalises_its_share
     assert sum(counts) == 3 * len(hidden)  # each matrix orthogonalised once per step, by one process
     # per shape, matrices alternate between the processes: rank 0 takes the odd one out
     assert counts == [3 * sum((n + 1) // 2 for n in shapes.values()), 3 * sum(n // 2 for n in shapes.values())]
+
+
+if __name__ == "__main__":  # a rank of test_split_muon_matches_torch_muon_and_each_process_orthogonalises_its_share
+    split_muon_worker(*sys.argv[1:])
