@@ -51,6 +51,7 @@ def beside_other_checkout(parsed, env, cwd):
 
 
 def from_this_checkout(module):
+    """Whether module (an entry of sys.modules) was imported from this checkout's files."""
     try:
         files = [getattr(module, "__file__", None), *(getattr(module, "__path__", None) or [])]
     except TypeError:  # a module-like object whose __path__ is no list of directories (torch.ops' namespaces)

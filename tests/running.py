@@ -232,8 +232,7 @@ def run_python(args, env=None, cwd=REPO, timeout=HANG_GUARD_S):
     process's), exit status and output are its own, without a new Python's seconds of imports. Returns its
     Result. For a program whose process is what the test needs (the environment it reads at import, a cache it
     keeps, its exit); not where what a program imports is the subject."""
-    return run_script([preloaded_python(), *args], cwd=cwd, env=env, timeout=timeout,
-                      preloaded=True)
+    return run_script([preloaded_python(), *args], cwd=cwd, env=env, timeout=timeout, preloaded=True)
 
 
 def run_ranks(script, args, nproc, env, timeout=HANG_GUARD_S):
@@ -287,9 +286,8 @@ def run_train(args, nproc=1, check=True, env=None, script="train.py", torchrun=F
     process: the training is the same, and a test spends its time training rather than starting Python), or
     as nproc ranks of a process group (run_ranks), or under torchrun itself (torchrun=True: where its
     launcher is what the test is about: its exit status, relayed signals, relaunches; torchrun and its ranks
-    forked from the preloaded server, run_python). A run that logs to
-    wandb, which takes over stdout, gets a process of its own; a deadlock between processes ends after
-    HANG_GUARD_S."""
+    forked from the preloaded server, run_python). A run that logs to wandb, which takes over stdout, gets a
+    process of its own; a deadlock between processes ends after HANG_GUARD_S."""
     full_env = {**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, cpu_threads() // nproc)),
                 **(env or {})}
     if torchrun:
