@@ -160,10 +160,11 @@ def assert_similarity_reads_the_document_mask():
 # -----------------------------------------------------------------------------
 # training runs (test_train.py, test_document_runs.py, test_fsdp.py)
 
-def unigram_cross_entropy(data_dir, n_val_tokens):
-    """Loss of the best context-free model: train-set token frequencies (add-1/2) scored on the val tokens."""
+def unigram_cross_entropy(data_dir, n_val_tokens, vocab_size=2 ** 16):
+    """Loss of the best context-free model: train-set token frequencies (add-1/2 over vocab_size ids) scored on
+    the val tokens."""
     train = np.concatenate([np.asarray(read_shard(p)) for p in list_shards(data_dir, "train")])
-    counts = np.bincount(train, minlength=2 ** 16).astype(np.float64) + 0.5
+    counts = np.bincount(train, minlength=vocab_size).astype(np.float64) + 0.5
     val = np.asarray(read_shard(list_shards(data_dir, "val")[0]))[1:n_val_tokens + 1]
     return float(-np.log(counts[val] / counts.sum()).mean())
 
