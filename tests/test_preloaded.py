@@ -17,7 +17,8 @@ PROGRAMS = {
     "a traceback": (["-c", "def f():\n    raise ValueError('boom')\nf()"], None),
     "sys.exit with a message": (["-c", "import sys; sys.exit('a message')"], None),
     "an unhandled Ctrl-C": (["-c", "raise KeyboardInterrupt"], None),
-    "a program on stdin": (["-", "a", "b"], "import sys; print(sys.argv, input())\nsecond line"),
+    "a program on stdin": (["-", "a", "b"], "import sys\nprint(sys.argv, repr(sys.stdin.read()))\n"),
+    "a syntax error": (["-c", "print(1)\nsecond line"], None),
     "a module": (["-m", "json.tool", "--sort-keys"], '{"b": 1, "a": [2]}'),
     "a script, unbuffered": (["-u", "script.py", "4"], None),
 }
