@@ -43,10 +43,10 @@ def other_checkout(directory):
     return directory != REPO and any(os.path.exists(os.path.join(directory, name)) for name in ("model.py", "pretrain"))
 
 
-def beside_other_checkout(parsed, env, cwd):
-    """Whether the program (program's answer) finds its modules in another checkout first: its script's
-    directory, or the working directory, or a PYTHONPATH entry."""
-    first = os.path.dirname(os.path.join(cwd, parsed[2])) if parsed[1] == "script" else cwd
+def beside_other_checkout(mode, target, env, cwd):
+    """Whether the program (mode and target as program gives them) finds its modules in another checkout first:
+    its script's directory, or the working directory, or a PYTHONPATH entry."""
+    first = os.path.dirname(os.path.join(cwd, target)) if mode == "script" else cwd
     return any(other_checkout(d) for d in [first, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
 
 
@@ -130,7 +130,7 @@ def run_program(request, fds, base_path, shim_path):
     flags, mode, target, rest = program(request["args"])
     env = request["env"]
     os.chdir(request["cwd"])
-    if beside_other_checkout((flags, mode, target, rest), env, request["cwd"]):
+    if beside_other_checkout(mode, target, env, request["cwd"]):
         for name, module in list(sys.modules.items()):
             if name != "__main__" and from_this_checkout(module):
                 del sys.modules[name]
