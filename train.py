@@ -88,12 +88,16 @@ def evaluate(model, val_x, val_y, runtime, batch_size, dtype, val_bytes=None):
     per_rank = math.ceil(len(val_x) / runtime.world_size)
     for i in range(0, per_rank, batch_size):
         rows = mine[i:i + batch_size]
-        scored = len(rows) > 0  # else this rank has run out of sequences: a forward all the same
-        rows = rows if scored else torch.zeros(1, dtype=torch.long)
-        x, y = val_x[rows].to(runtime.device), val_y[rows].to(runtime.device)
+        scored = len(rows)  # the last batch may be short, or empty where this rank has run out of sequences
+        # every forward has the batch's shape, a short one filled up with sequence 0 and not scored: a compiled
+        # model compiles evaluation once, and training keeps static shapes (a second batch size would make
+        # dynamo recompile with the batch dimension dynamic)
+        padded = torch.cat((rows, torch.zeros(batch_size - scored, dtype=torch.long)))
+        x = val_x[padded].to(runtime.device)
         with autocast(runtime.device_type, dtype):
             logits, _ = model(x)
         if scored:
+            logits, y = logits[:scored], val_y[rows].to(runtime.device)
             losses = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").double()
             totals[0] += losses.sum()
             totals[1] += y.numel()

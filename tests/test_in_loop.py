@@ -159,10 +159,13 @@ def test_val_bpb_is_the_text_tokens_loss_in_bits_per_byte_of_their_text(runs, da
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_bits_per_byte_leave_out_the_end_of_text_and_padded_ids(world_size):
     """evaluate() on sequences holding document boundaries and ids past GPT-2's vocabulary, which are no text:
-    neither their loss nor any bytes count. With several processes, each one's sums add up to the same."""
+    neither their loss nor any bytes count. With several processes, each one's sums add up to the same. Every
+    forward has the batch's shape, a short last batch (or none left) included: a compiled model compiles once."""
     enc = tiktoken.get_encoding("gpt2")
     torch.manual_seed(0)
     model = GPT(GPTConfig(**MICRO)).eval()
+    batch_sizes = []
+    model.register_forward_pre_hook(lambda module, args: batch_sizes.append(len(args[0])))
     tokens = torch.tensor(enc.encode_ordinary(open(CORPUS[0]).read()[:4000])[:5 * 32 + 1])
     tokens[[10, 70, 131]] = EOT
     tokens[[40, 100]] = 50300  # a padded id
@@ -176,6 +179,7 @@ def test_bits_per_byte_leave_out_the_end_of_text_and_padded_ids(world_size):
         mine = torch.arange(rank, 5, world_size)
         sums += torch.tensor([loss * y[mine].numel(), y[mine].numel(), bpb * math.log(2) * val_bytes[mine].sum(),
                               val_bytes[mine].sum()], dtype=torch.float64)
+    assert set(batch_sizes) == {2} and len(batch_sizes) == world_size * math.ceil(math.ceil(5 / world_size) / 2)
     with torch.no_grad():
         losses = F.cross_entropy(model(x)[0].double().flatten(0, 1), y.flatten(), reduction="none")
     text = (y.flatten() != EOT) & (y.flatten() < enc.n_vocab)
