@@ -5,7 +5,6 @@ import errno
 import hashlib
 import os
 import re
-import sys
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from micro import BYTE_TOKENS, make_optimizer, micro_args
 from pretrain.checkpoint_format import save_checkpoint
 from pretrain.checkpointer import list_checkpoints, load_latest_checkpoint, prune_checkpoints
 from pretrain.metrics import read_metrics
-from running import run_script, run_train
+from running import run_python, run_train
 
 # the runs here check resumes and checkpoints, not tokens: the micro model on the plays' bytes (micro.BYTE_TOKENS)
 BYTE_RESUME = dict(RESUME, **BYTE_TOKENS)
@@ -272,7 +271,7 @@ def test_full_disk_during_training_exits_3_and_keeps_the_previous_checkpoint(byt
               f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); sys.argv = sys.argv[1:]; "
               "runpy.run_path('train.py', run_name='__main__')")
     args = micro_args(byte_data_dir, out, init_from="resume", **BYTE_RESUME)
-    proc = run_script([sys.executable, "-c", script, "train.py", *args])
+    proc = run_python(["-c", script, "train.py", *args])  # a process of its own, for its file-size limit
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "checkpoint write failed at step 8" in proc.stderr and "previous checkpoints are untouched" in proc.stderr
     assert {p: digest(p) for p in list_checkpoints(out)} == before
