@@ -20,8 +20,9 @@ from running import (HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, cpu_thread
                      start_preloaded_server)
 
 
-# 30 steps, a checkpoint every 3: a kill lands between two checkpoints. The runs stopped from outside train over
-# GPT-2's tokens, not bytes (BYTE_TOKENS): the seconds a step takes are the room the stop has to land in
+# 30 steps, a checkpoint every 3: a kill lands between two checkpoints. These runs, killed from outside (and one under
+# scripts/train_forever.sh, which starts train.py itself), train over GPT-2's tokens, not bytes (BYTE_TOKENS): the
+# seconds a step takes are the room the kill has to land in
 THIRTY = dict(RESUME, max_iters=30, lr_decay_iters=30, checkpoint_interval=3, eval_interval=100)
 
 
@@ -99,9 +100,12 @@ def test_train_forever_relaunches_after_a_crash(data_dir, thirty_steps, tmp_path
     assert losses(out) == losses(full)
 
 
-# signalled once 3 steps are logged: the 37 steps left (several seconds) are room for the signal to arrive, and
-# each resume trains what is left, so more steps cost every test here
-LONG = dict(RESUME, max_iters=40, lr_decay_iters=40, checkpoint_interval=0, eval_interval=100)
+# signalled once 3 steps are logged: the 37 steps left (several seconds: SLOW_STEPS) are room for the signal to
+# arrive, and each resume trains what is left, so more steps cost every test here. Over bytes: the stop and the
+# resume are the subject, not the tokens
+LONG = dict(RESUME, max_iters=40, lr_decay_iters=40, checkpoint_interval=0, eval_interval=100, **BYTE_TOKENS)
+# the runs stopped from outside: train.py, each step 0.1 s longer (a bytes step alone is milliseconds)
+SLOW_STEPS = dict(script="tests/fakes/slow_step_train.py", env={"SLOW_STEP_S": "0.1"})
 
 
 def wait_for_steps(out_dir, proc, steps):
@@ -113,32 +117,34 @@ def wait_for_steps(out_dir, proc, steps):
 
 
 def start_train(args, nproc=1, env=None, preloaded=True):
-    """train.py started, in a process of its own or under torchrun: through the preloaded server (its signals are
-    forwarded to the run), or (preloaded=False) the real interpreter, whose PID is the run's own."""
+    """train.py with slower steps (SLOW_STEPS) started, in a process of its own or under torchrun: through the
+    preloaded server (its signals are forwarded to the run), or (preloaded=False) the real interpreter, whose PID
+    is the run's own."""
     python = sys.executable
     if preloaded:
         start_preloaded_server(wait=True)
         python = preloaded_python()
-    cmd = [python, "train.py"] if nproc == 1 else \
-        [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
+    script = SLOW_STEPS["script"]
+    cmd = [python, script] if nproc == 1 else \
+        [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", script]
     return subprocess.Popen(cmd + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,  # a hang is ended with the ranks (conftest.communicate)
                             env={**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, cpu_threads() // nproc)),
-                                 **(env or {})})
+                                 **SLOW_STEPS["env"], **(env or {})})
 
 
 @pytest.fixture(scope="module")
-def long_run(data_dir, tmp_path_factory):
+def long_run(byte_data_dir, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("long"))
-    run_train(micro_args(data_dir, out, **LONG))
+    run_train(micro_args(byte_data_dir, out, **LONG))
     return out
 
 
 @pytest.fixture(scope="module")
-def long_run_on_two(data_dir, tmp_path_factory):
+def long_run_on_two(byte_data_dir, tmp_path_factory):
     """LONG on two processes, which draw other dropout masks than one."""
     out = str(tmp_path_factory.mktemp("long_two"))
-    run_train(micro_args(data_dir, out, **LONG), nproc=2)
+    run_train(micro_args(byte_data_dir, out, **LONG), nproc=2)
     return out
 
 
@@ -146,12 +152,12 @@ def long_run_on_two(data_dir, tmp_path_factory):
 @pytest.mark.parametrize("signum,status,nproc", [(signal.SIGTERM, 143, 1), (signal.SIGINT, 130, 1),
                                                  (signal.SIGTERM, 143, 2)])
 def test_a_signal_ends_the_step_writes_a_checkpoint_and_the_resume_continues_exactly(
-        data_dir, tmp_path, long_run, long_run_on_two, signum, status, nproc):
+        byte_data_dir, tmp_path, long_run, long_run_on_two, signum, status, nproc):
     """SIGTERM (Slurm's preemption and time limit) and SIGINT (Ctrl-C): the run finishes its step,
     checkpoints it and exits 143 or 130. Under torchrun the signal goes to the launcher, which forwards it;
     torchrun's own status is 1, the run's is in TRAIN_EXIT_STATUS_FILE."""
     out, status_file = str(tmp_path / "run"), str(tmp_path / "exit_status")
-    proc = start_train(micro_args(data_dir, out, **LONG), nproc, env={"TRAIN_EXIT_STATUS_FILE": status_file})
+    proc = start_train(micro_args(byte_data_dir, out, **LONG), nproc, env={"TRAIN_EXIT_STATUS_FILE": status_file})
     wait_for_steps(out, proc, 3)
     proc.send_signal(signum)
     stdout, stderr = communicate(proc)
@@ -163,7 +169,7 @@ def test_a_signal_ends_the_step_writes_a_checkpoint_and_the_resume_continues_exa
     assert 3 <= stopped_at < LONG["max_iters"]
     assert [os.path.basename(p) for p in list_checkpoints(out)] == [f"ckpt_{stopped_at:07d}.pt"]
     assert [s for s, _ in losses(out)][-1] == stopped_at
-    resumed = run_train(micro_args(data_dir, out, init_from="resume", **LONG), nproc=nproc)
+    resumed = run_train(micro_args(byte_data_dir, out, init_from="resume", **LONG), nproc=nproc)
     assert f"at step {stopped_at}" in resumed.stdout
     assert losses(out) == losses(long_run if nproc == 1 else long_run_on_two)
 
@@ -182,18 +188,18 @@ def test_permanent_errors_reach_the_launcher_through_the_exit_status_file(data_d
 
 
 @pytest.mark.slow
-def test_a_second_run_in_the_same_out_dir_stops_naming_the_first(data_dir, tmp_path):
+def test_a_second_run_in_the_same_out_dir_stops_naming_the_first(byte_data_dir, tmp_path):
     """One run per out_dir: the second exits 3 naming the holder's PID; the lock dies with its holder
     (kill -9 included), so a relaunch then resumes."""
     out = str(tmp_path / "run")
-    first = start_train(micro_args(data_dir, out, **{**LONG, "checkpoint_interval": 2}), preloaded=False)
+    first = start_train(micro_args(byte_data_dir, out, **{**LONG, "checkpoint_interval": 2}), preloaded=False)
     wait_for_steps(out, first, 3)
-    second = run_train(micro_args(data_dir, out, init_from="resume", **LONG), check=False)
+    second = run_train(micro_args(byte_data_dir, out, init_from="resume", **LONG), check=False)
     assert second.returncode == 3 and f"is in use by another process (PID {first.pid}" in second.stderr
     assert first.poll() is None  # untouched by the second
     first.send_signal(signal.SIGKILL)
     first.wait()
-    resumed = run_train(micro_args(data_dir, out, init_from="resume", **{**LONG, "max_iters": 8}))
+    resumed = run_train(micro_args(byte_data_dir, out, init_from="resume", **{**LONG, "max_iters": 8}))
     assert "resuming from" in resumed.stdout
     assert not os.path.exists(os.path.join(out, ".train.lock"))  # released at the end
 
@@ -213,12 +219,12 @@ def rank_processes(out_dir):
 
 @pytest.mark.slow
 def test_a_signal_that_reaches_one_rank_stops_every_rank_after_one_checkpoint_with_one_status(
-        data_dir, tmp_path, long_run_on_two):
+        byte_data_dir, tmp_path, long_run_on_two):
     """SIGTERM to rank 1 alone (a node's agent, a kill by hand): both ranks stop after the same step, write
     one checkpoint, and exit 143 without a traceback (rank 0 got no signal, yet takes the agreed status);
     the resume equals the uninterrupted run."""
     out, status_file = str(tmp_path / "run"), str(tmp_path / "exit_status")
-    proc = start_train(micro_args(data_dir, out, **LONG), nproc=2, env={"TRAIN_EXIT_STATUS_FILE": status_file})
+    proc = start_train(micro_args(byte_data_dir, out, **LONG), nproc=2, env={"TRAIN_EXIT_STATUS_FILE": status_file})
     wait_for_steps(out, proc, 3)
     ranks = rank_processes(out)
     assert sorted(ranks) == [0, 1]
@@ -230,7 +236,7 @@ def test_a_signal_that_reaches_one_rank_stops_every_rank_after_one_checkpoint_wi
     assert 'train.py", line' not in ranks_stderr and "Connection closed" not in ranks_stderr, stderr[-5000:]
     stopped_at = int(re.search(r"stopped by SIGTERM after step (\d+)", stdout).group(1))
     assert [os.path.basename(p) for p in list_checkpoints(out)] == [f"ckpt_{stopped_at:07d}.pt"]
-    run_train(micro_args(data_dir, out, init_from="resume", **LONG), nproc=2)
+    run_train(micro_args(byte_data_dir, out, init_from="resume", **LONG), nproc=2)
     assert losses(out) == losses(long_run_on_two)
 
 
