@@ -105,7 +105,7 @@ def test_train_forever_relaunches_after_a_crash(data_dir, thirty_steps, tmp_path
 # resume are the subject, not the tokens
 LONG = dict(RESUME, max_iters=40, lr_decay_iters=40, checkpoint_interval=0, eval_interval=100, **BYTE_TOKENS)
 # the runs stopped from outside: train.py, each step 0.1 s longer (a bytes step alone is milliseconds)
-SLOW_STEPS = dict(script="tests/fakes/slow_step_train.py", env={"SLOW_STEP_S": "0.1"})
+SLOW_STEPS = dict(script="tests/fakes/slow_step_train.py", env={"SLOW_STEP_S": "0.1", "PYTHONPATH": REPO})
 
 
 def wait_for_steps(out_dir, proc, steps):

@@ -1,17 +1,16 @@
 """train.py with every optimizer step SLOW_STEP_S seconds longer, for the runs stopped from outside
 (test_resume_processes.py): over bytes a step takes milliseconds, and a signal sent once a few steps are logged
 needs steps left to land in. The pause adds wall-clock time, not computation: the losses are train.py's.
-Started in train.py's place (by python or torchrun), with train.py's arguments."""
+Started in train.py's place (by python or torchrun), with train.py's arguments and the repo root on PYTHONPATH."""
 
 import os
 import runpy
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, REPO)
+from pretrain import parallelize
 
-from pretrain import parallelize  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 clip_grad_norm = parallelize.clip_grad_norm
 
