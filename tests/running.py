@@ -79,8 +79,11 @@ def python_shim():
     return SHIM_DIR
 
 
-def preloaded_python():
-    """The shim's `python` (python_shim's directory): through the preloaded server where it can stand in."""
+def preloaded_python(start=False):
+    """The shim's `python` (python_shim's directory): through the preloaded server where it can stand in. start:
+    the server is started (and waited for) first, for a test that starts the process itself and needs it forked."""
+    if start:
+        start_preloaded_server(wait=True)
     return os.path.join(python_shim(), "python")
 
 
@@ -245,8 +248,7 @@ def run_ranks(script, args, nproc, env, timeout=HANG_GUARD_S):
     import subprocess
     import tempfile
     import time
-    start_preloaded_server(wait=True)
-    cmd = [preloaded_python(), script, *args]
+    cmd = [preloaded_python(start=True), script, *args]
     port = free_port()
     procs, logs = [], []
     for rank in range(nproc):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from configurator import ConfigError, config_class, key, keys_of, parse_config, positive, resolve
-from running import REPO, preloaded_python, run_in_process, start_preloaded_server
+from running import REPO, preloaded_python, run_in_process
 
 
 @dataclass
@@ -258,8 +258,7 @@ def test_help_into_a_closed_pipe_is_not_an_error(program):
     """`python train.py --help | head`: the reader goes away before the text is written; --help still exits 0, with
     no BrokenPipeError traceback."""
     import subprocess
-    start_preloaded_server(wait=True)
-    proc = subprocess.Popen([preloaded_python(), *program, "--help"], cwd=REPO, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([preloaded_python(start=True), *program, "--help"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     proc.stdout.close()  # the reader is gone before anything is printed
     stderr = proc.stderr.read()

@@ -30,7 +30,7 @@ from pretrain import checkpointer
 from pretrain.checkpoint_format import save_sharded_checkpoint
 from pretrain.checkpointer import list_checkpoints, load_model
 from pretrain.dataloader import val_sequences
-from running import HANG_GUARD_S, REPO, preloaded_python, run_eval, run_in_process, start_preloaded_server
+from running import HANG_GUARD_S, REPO, preloaded_python, run_eval, run_in_process
 
 
 def rotate(x, theta):
@@ -386,8 +386,7 @@ def run_on_terminal(args):
 @pytest.mark.parametrize("script", ["similarity.py", "position_loss.py"])
 def test_progress_bar_with_eta_on_a_terminal_and_none_with_quiet(trained_runs, tmp_path, script):
     """2 batches per model: a bar per model, labelled with it, counting to 2/2 with the time left."""
-    start_preloaded_server(wait=True)
-    args = [preloaded_python(), "-m", "eval." + script.removesuffix(".py"), trained_runs["sa"], trained_runs["xsa"],
+    args = [preloaded_python(start=True), "-m", "eval." + script.removesuffix(".py"), trained_runs["sa"], trained_runs["xsa"],
             "--labels", "SA", "XSA",
             "--num_sequences", "4", "--batch_size", "2", "--device", "cpu", "--out", str(tmp_path)]
     status, stdout, terminal = run_on_terminal(args)

@@ -18,7 +18,7 @@ from micro import micro_args  # noqa: E402
 from pretrain.checkpointer import list_checkpoints  # noqa: E402
 from pretrain.metrics import read_metrics  # noqa: E402
 from pretrain.train_config import resolve  # noqa: E402
-from running import run_python, run_ranks, run_train  # noqa: E402
+from running import REPO, run_python, run_ranks, run_train  # noqa: E402
 
 # a few steps, a checkpoint every 2: the passes run at steps 2 and 4
 SHORT = dict(max_iters=4, lr_decay_iters=4, eval_interval=2, checkpoint_interval=2, log_interval=1)
@@ -213,7 +213,7 @@ def test_a_failure_reading_the_results_on_the_main_process_ends_every_process(tm
     """Before, headline raised on rank 0 alone while rank 1 waited in the broadcast of the scores."""
     script = tmp_path / "two_processes.py"
     script.write_text(TWO_PROCESSES)
-    result = run_ranks(str(script), [], 2, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run_ranks(str(script), [], 2, env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"})
     assert result.status == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in (0, 1):
         assert (f"rank {rank} scored {{'downstream/piqa': 0.75, 'downstream/boolq': 0.25, 'downstream/avg': 0.5}}"

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from running import REPO, communicate, preloaded_python, start_preloaded_server
+from running import REPO, communicate, preloaded_python
 
 # estimates against peaks measured on this CPU (fp32: 4-byte activations)
 SMALL = dict(n_layer=4, n_embd=256, n_head=4, head_dim=64, block_size=256, batch_size=4)  # mostly the loss
@@ -22,11 +22,11 @@ def measured():
     processes are forked from the preloaded server: a peak is measured above the process's own resident set
     before the model, so what the server had imported does not count (the same bytes, to 0.1%, as from a new
     interpreter)."""
-    start_preloaded_server(wait=True)
+    python = preloaded_python(start=True)
     procs = {}
     for name, settings in MEASURED.items():
         args = [f"--{k}={v}" for k, v in {**settings, "device": "cpu", "dtype": "float32"}.items()]
-        procs[name] = subprocess.Popen([preloaded_python(), "-m", "scripts.memory_plan", *args, "--measure=True",
+        procs[name] = subprocess.Popen([python, "-m", "scripts.memory_plan", *args, "--measure=True",
                                         "--json_output=True"], cwd=REPO, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
                                        start_new_session=True)

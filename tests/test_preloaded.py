@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from running import REPO, preloaded_python, run_python, start_preloaded_server
+from running import REPO, preloaded_python, run_python
 
 pytestmark = pytest.mark.slow  # the server imports torch
 
@@ -34,8 +34,7 @@ def run(python, args, stdin, cwd):
 @pytest.fixture(scope="module")
 def shim():
     """The shim's path, once its programs are forked from the server (which has imported torch)."""
-    start_preloaded_server(wait=True)
-    python = preloaded_python()
+    python = preloaded_python(start=True)
     imported = "import sys; print('torch' in sys.modules)"
     assert run(python, ["-c", imported], None, REPO)[1] == "True\n"
     assert run(sys.executable, ["-c", imported], None, REPO)[1] == "False\n"

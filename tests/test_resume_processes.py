@@ -16,8 +16,7 @@ from helpers import RESUME, losses
 from micro import BYTE_TOKENS, micro_args
 from pretrain.checkpointer import list_checkpoints
 from pretrain.metrics import read_metrics
-from running import (HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, cpu_threads, preloaded_python, run_train,
-                     start_preloaded_server)
+from running import HANG_GUARD_S, REPO, TORCHRUN_GRACE, communicate, cpu_threads, preloaded_python, run_train
 
 
 # 30 steps, a checkpoint every 3: a kill lands between two checkpoints. These runs, killed from outside (and one under
@@ -100,12 +99,12 @@ def test_train_forever_relaunches_after_a_crash(data_dir, thirty_steps, tmp_path
     assert losses(out) == losses(full)
 
 
-# signalled once 3 steps are logged: the 37 steps left (several seconds: SLOW_STEPS) are room for the signal to
+# signalled once 3 steps are logged: the 37 steps left (several seconds: SLOW_STEP_TRAIN) are room for the signal to
 # arrive, and each resume trains what is left, so more steps cost every test here. Over bytes: the stop and the
 # resume are the subject, not the tokens
 LONG = dict(RESUME, max_iters=40, lr_decay_iters=40, checkpoint_interval=0, eval_interval=100, **BYTE_TOKENS)
-# the runs stopped from outside: train.py, each step 0.1 s longer (a bytes step alone is milliseconds)
-SLOW_STEPS = dict(script="tests/fakes/slow_step_train.py", env={"SLOW_STEP_S": "0.1", "PYTHONPATH": REPO})
+# the runs stopped from outside: train.py, each step SLOW_STEP_S = 0.1 s longer (a bytes step alone is milliseconds)
+SLOW_STEP_TRAIN = "tests/fakes/slow_step_train.py"
 
 
 def wait_for_steps(out_dir, proc, steps):
@@ -117,20 +116,16 @@ def wait_for_steps(out_dir, proc, steps):
 
 
 def start_train(args, nproc=1, env=None, preloaded=True):
-    """train.py with slower steps (SLOW_STEPS) started, in a process of its own or under torchrun: through the
-    preloaded server (its signals are forwarded to the run), or (preloaded=False) the real interpreter, whose PID
-    is the run's own."""
-    python = sys.executable
-    if preloaded:
-        start_preloaded_server(wait=True)
-        python = preloaded_python()
-    script = SLOW_STEPS["script"]
-    cmd = [python, script] if nproc == 1 else \
-        [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", script]
+    """train.py with slower steps (SLOW_STEP_TRAIN) started, in a process of its own or under torchrun: through
+    the preloaded server (its signals are forwarded to the run), or (preloaded=False) the real interpreter, whose
+    PID is the run's own."""
+    python = preloaded_python(start=True) if preloaded else sys.executable
+    cmd = [python, SLOW_STEP_TRAIN] if nproc == 1 else \
+        [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", SLOW_STEP_TRAIN]
     return subprocess.Popen(cmd + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,  # a hang is ended with the ranks (conftest.communicate)
                             env={**os.environ, **TORCHRUN_GRACE, "OMP_NUM_THREADS": str(max(1, cpu_threads() // nproc)),
-                                 **SLOW_STEPS["env"], **(env or {})})
+                                 "SLOW_STEP_S": "0.1", "PYTHONPATH": REPO, **(env or {})})
 
 
 @pytest.fixture(scope="module")
