@@ -13,12 +13,11 @@ import threading
 
 import pytest
 
-from running import preloaded_python, python_shim, usable_cores
+from running import fast_tier, preloaded_python, python_shim, share_preloaded_server, usable_cores
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# the GPT-2 BPE files are downloaded by tiktoken on first use; an offline machine points
-# TIKTOKEN_CACHE_DIR at a copy of them, or keeps one in ../shared/tiktoken_cache beside the checkout
+# tiktoken downloads GPT-2's BPE files on first use; offline, TIKTOKEN_CACHE_DIR or ../shared/tiktoken_cache has them
 OFFLINE_BPE = os.path.join(os.path.dirname(REPO), "shared", "tiktoken_cache")
 if os.path.isdir(OFFLINE_BPE):
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", OFFLINE_BPE)
@@ -32,10 +31,9 @@ os.environ.setdefault("PYTHON", preloaded_python())
 os.environ["HF_MODULES_CACHE"] = tempfile.mkdtemp(prefix="hf_modules_")
 # the tests' git calls (a clone of the checkout, its file list) work in a checkout another user owns
 os.environ["GIT_CONFIG_GLOBAL"] = os.path.join(REPO, "tests", "fixtures", "trust_any_checkout.gitconfig")
-# Tests started in the background (nohup, `&` in a script) inherit SIGINT ignored, and so would the scripts
-# they start, whose Ctrl-C handling the tests check: a shell cannot trap a signal ignored at its start.
-# Handled here, it is default again in every child (pytest-xdist runs tests in the main thread).
-# nohup leaves SIGHUP ignored the same way: default again, for the launchers' SIGHUP tests.
+# Tests started in the background (nohup, `&` in a script) inherit SIGINT ignored, and so would the scripts they
+# start, whose Ctrl-C handling the tests check: a shell cannot trap a signal ignored at its start. Handled here, it
+# is default again in every child (xdist runs tests in the main thread); nohup's SIGHUP alike (launchers' tests).
 if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
@@ -47,17 +45,15 @@ CORES = usable_cores()
 # the workers' spinning OpenMP threads off each other's cores. An explicit OMP_NUM_THREADS is respected.
 CPU_THREADS = max(1, int(os.environ.get("OMP_NUM_THREADS") or 1))
 os.environ["OMP_NUM_THREADS"] = str(CPU_THREADS)
-# inductor's kernels compiled in the compiling process, not by a pool of processes that import torch again
-# (test_fsdp.py's compiled runs: 206 -> 179 core-seconds)
+# inductor compiles in the compiling process, not in a pool of processes importing torch (206 -> 179 core-s)
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def pytest_xdist_auto_num_workers(config):
-    """-n auto: a worker per core and one more, as a slow test's worker often waits (for a subprocess, a run
-    another worker trains, a file lock) with its core idle: on 2 cores, 3 workers ran the suite in 8:01 where
-    2 took 9:00. The fast tier (-m "not slow") waits on nothing: a worker per core (54 s against 62 with 3,
-    whose collection and server cost more than they overlap). No more workers than test files asked for."""
-    waiting = config.option.markexpr.replace(" ", "") != "notslow"
+    """-n auto: a worker per core and one more, as a slow test's worker often waits on a subprocess, a file lock or
+    a run another trains, its core idle (2 cores: 8:01 with 3 workers, 9:00 with 2); the fast tier waits on
+    nothing: a worker per core (54 s, 62 with 3). No more workers than test files asked for."""
+    waiting = not fast_tier(config)
     files = set()
     for arg in config.args:
         path = arg.split("::")[0]
@@ -78,6 +74,11 @@ def pytest_collection_modifyitems(config, items):
         slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
     first_seen = {path: i for i, path in enumerate(slow)}
     items.sort(key=lambda item: (-slow[item.path], first_seen[item.path]))
+
+
+def pytest_configure(config):
+    """pytest-xdist's controller starts the preloaded server its workers share (running.share_preloaded_server)."""
+    share_preloaded_server(config)
 
 
 def pytest_unconfigure(config):

@@ -6,7 +6,7 @@ PATH and their $PYTHON) asks the server, or runs the real interpreter where the 
 server yet, or interpreter options other than -u and -B. A program beside another checkout's modules (a copy of
 the repository) imports that checkout's own: its process forgets the modules the server imported from this one.
 
-    python preloaded.py serve SOCKET    the server (running.start_preloaded_server starts one per test process)
+    python preloaded.py serve SOCKET    the server (running.start_preloaded_server: one per pytest run)
     python preloaded.py ARGS...         the shim: `python ARGS...`"""
 
 import json

@@ -2,7 +2,7 @@
 wait bounded), a Python program in a process of its own without a new Python's imports (run_python), a Python
 entry point in the test's own process (run_in_process, run_eval), the ranks of a process group (run_ranks), and
 train.py any of these ways or under torchrun (run_train), each returning a Result. The `python` of the scripts the
-tests start, and of run_python and run_ranks, goes through this process's preloaded server (preloaded.py,
+tests start, and of run_python and run_ranks, goes through the preloaded server (preloaded.py,
 python_shim) where it can."""
 
 import dataclasses
@@ -65,8 +65,8 @@ PRELOADED_SERVER = None  # this test process's preloaded.py server (a Popen), on
 
 
 def python_shim():
-    """The directory of a `python` that runs a program in a process forked from this test process's preloaded
-    server (preloaded.py), once start_preloaded_server has started it, else as the real interpreter does: the
+    """The directory of a `python` that runs a program in a process forked from the preloaded server
+    (preloaded.py), once start_preloaded_server has started it, else as the real interpreter does: the
     tests put it first on their PATH and in $PYTHON, for the scripts they start."""
     global SHIM_DIR
     if SHIM_DIR is None:
@@ -88,20 +88,35 @@ def preloaded_python(start=False):
 
 
 def start_preloaded_server(wait=False):
-    """Start this test process's preloaded.py server, unless it runs: ready seconds later (its imports), and
+    """Start this test process's preloaded.py server, unless it runs, or this is a pytest-xdist worker whose
+    controller started one for every worker (share_preloaded_server): ready seconds later (its imports), and
     until then the shim runs the real interpreter (wait: until it is ready, or has failed). Its socket is in
     the environment ($PRELOADED_PYTHON_SOCKET) of every process started after."""
     global PRELOADED_SERVER
     import subprocess
     import time
-    address = os.path.join(python_shim(), "server.sock")
-    if PRELOADED_SERVER is None:
+    address = os.environ.get(SOCKET_ENV) or os.path.join(python_shim(), "server.sock")
+    if PRELOADED_SERVER is None and SOCKET_ENV not in os.environ:
         PRELOADED_SERVER = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "preloaded.py"), "serve",
                                              address], env={**os.environ, "PYTHONPATH": REPO},
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         os.environ[SOCKET_ENV] = address
-    while wait and not os.path.exists(address) and PRELOADED_SERVER.poll() is None:
+    while wait and not os.path.exists(address) and (PRELOADED_SERVER is None or PRELOADED_SERVER.poll() is None):
         time.sleep(0.05)
+
+
+def share_preloaded_server(config):
+    """pytest-xdist's controller starts the server that its workers then share (they inherit its socket): one
+    server's imports, not one per worker. Not for the fast tier (-m "not slow"), whose tests start no program
+    through it. Without pytest-xdist (-n 0), the test process starts its own when a test first needs it."""
+    controller = config.getoption("dist", "no") != "no" and "PYTEST_XDIST_WORKER" not in os.environ
+    if controller and not fast_tier(config):
+        start_preloaded_server()
+
+
+def fast_tier(config):
+    """Whether this pytest run is the fast tier: the tests selected by -m "not slow" exactly."""
+    return config.option.markexpr.replace(" ", "") == "notslow"
 
 
 def stop_preloaded_server():
