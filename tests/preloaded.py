@@ -135,6 +135,9 @@ def run_program(request, fds, base_path, shim_path):
         for name, module in list(sys.modules.items()):
             if name != "__main__" and from_this_checkout(module):
                 del sys.modules[name]
+    bpe_encodings = getattr(sys.modules.get("tiktoken.registry"), "ENCODINGS", {})
+    if env.get("TIKTOKEN_CACHE_DIR") != os.environ.get("TIKTOKEN_CACHE_DIR"):
+        bpe_encodings.clear()  # the server's GPT-2 encoding came from another cache: load it as this one gives it
     os.environ.clear()
     os.environ.update(env)
     for signum in request["ignored"]:
@@ -208,12 +211,19 @@ def kill_session(pid):
 
 
 def serve(address):
-    """Import PRELOAD, then listen on address (a socket in the shim's directory, beside its `python`): a process
-    forked per request, its pid and then its exit status (negative: the signal that ended it) sent back. A shim
-    that goes away takes its program with it (SIGKILL to its session); the server ends when its parent does."""
+    """Import PRELOAD (and load GPT-2's encoding, where TIKTOKEN_CACHE_DIR names a cache), then listen on address
+    (a socket in the shim's directory, beside its `python`): a process forked per request, its pid and then its
+    exit status (negative: the signal that ended it) sent back. A shim that goes away takes its program with it
+    (SIGKILL to its session); the server ends when its parent does."""
     import select
     for name in PRELOAD:
         __import__(name)
+    if os.environ.get("TIKTOKEN_CACHE_DIR"):  # GPT-2's encoding, which each train.py run loads (a quarter second)
+        import tiktoken
+        try:
+            tiktoken.get_encoding("gpt2")
+        except Exception:  # not in that cache: each program loads it, or fails to, as it would have
+            pass
     base_path = [p for p in sys.path[1:] if os.path.realpath(p) != REPO]
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX)
