@@ -101,7 +101,9 @@ def start_preloaded_server(wait=False):
                                              address], env={**os.environ, "PYTHONPATH": REPO},
                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         os.environ[SOCKET_ENV] = address
-    while wait and not os.path.exists(address) and (PRELOADED_SERVER is None or PRELOADED_SERVER.poll() is None):
+    deadline = time.time() + HANG_GUARD_S  # a server that never comes up: the real interpreter, after a while
+    while wait and not os.path.exists(address) and time.time() < deadline and \
+            (PRELOADED_SERVER is None or PRELOADED_SERVER.poll() is None):
         time.sleep(0.05)
 
 
