@@ -109,8 +109,8 @@ def start_preloaded_server(wait=False):
 
 def share_preloaded_server(config):
     """pytest-xdist's controller starts the server that its workers then share (they inherit its socket): one
-    server's imports, not one per worker. Not for the fast tier (-m "not slow"), whose tests start no program
-    through it. Without pytest-xdist (-n 0), the test process starts its own when a test first needs it."""
+    server's imports, not one per worker. Not for the fast tier (-m "not slow"), which trains nothing in another
+    process: a worker there, as the test process under -n 0, starts its own when a test first needs one."""
     controller = config.getoption("dist", "no") != "no" and "PYTEST_XDIST_WORKER" not in os.environ
     if controller and not fast_tier(config):
         start_preloaded_server()
