@@ -219,10 +219,10 @@ def serve(address):
     for name in PRELOAD:
         __import__(name)
     if os.environ.get("TIKTOKEN_CACHE_DIR"):  # GPT-2's encoding, which each train.py run loads (a quarter second)
-        import tiktoken
+        from eval.common import TokenizerUnavailable, gpt2_encoding
         try:
-            tiktoken.get_encoding("gpt2")
-        except Exception:  # not in that cache: each program loads it, or fails to, as it would have
+            gpt2_encoding()
+        except TokenizerUnavailable:  # not in that cache: each program loads it, or fails to, as it would have
             pass
     base_path = [p for p in sys.path[1:] if os.path.realpath(p) != REPO]
     parent = os.getppid()

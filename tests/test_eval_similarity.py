@@ -386,8 +386,8 @@ def run_on_terminal(args):
 @pytest.mark.parametrize("script", ["similarity.py", "position_loss.py"])
 def test_progress_bar_with_eta_on_a_terminal_and_none_with_quiet(trained_runs, tmp_path, script):
     """2 batches per model: a bar per model, labelled with it, counting to 2/2 with the time left."""
-    args = [preloaded_python(start=True), "-m", "eval." + script.removesuffix(".py"), trained_runs["sa"], trained_runs["xsa"],
-            "--labels", "SA", "XSA",
+    args = [preloaded_python(start=True), "-m", "eval." + script.removesuffix(".py"), trained_runs["sa"],
+            trained_runs["xsa"], "--labels", "SA", "XSA",
             "--num_sequences", "4", "--batch_size", "2", "--device", "cpu", "--out", str(tmp_path)]
     status, stdout, terminal = run_on_terminal(args)
     assert status == 0, terminal[-3000:]
