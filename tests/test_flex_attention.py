@@ -20,8 +20,10 @@ def use_flex_on_cpu(monkeypatch, backend):
     its C++ kernels, in many (and for static shapes: its C++ template of FlexAttention fails to compile with
     dynamic ones in torch 2.13, which CUDA's Triton template takes)."""
     import torch._dynamo as dynamo
+    # inductor's C++ template of FlexAttention needs the CPU's vector code, which conftest.py turns off elsewhere
+    options = {"cpp.vec_isa_ok": None} if backend == "inductor" else None  # None: the CPU's own, as by default
     monkeypatch.setattr(model_module, "_compiled_flex", tuple(
-        torch.compile(function, backend=backend, dynamic=False)
+        torch.compile(function, backend=backend, dynamic=False, options=options)
         for function in (model_module.flex_attention, model_module.create_block_mask)))
     dynamo.reset()
 
