@@ -50,11 +50,11 @@ def make_optimizer(model, **overrides):
     return build_optimizer(model, make_config(**overrides), "cpu")
 
 
-# the SA run shows the val loss falling over 60 steps (test_train.py's margin); the XSA run, 20 steps (one
+# the SA run shows the val loss falling over 30 steps (test_train.py's margin); the XSA run, 15 steps (one
 # checkpoint, at its end), serves the evaluation tests, none of which needs it trained longer
 TRAINED_RUN = dict(batch_size=8, total_batch_size=1024, learning_rate=3e-2, warmup_iters=5,
-                   eval_interval=30, checkpoint_interval=30, val_tokens=4096)
-TRAINED_STEPS = {"sa": 60, "xsa": 20}
+                   eval_interval=15, checkpoint_interval=15, val_tokens=4096)
+TRAINED_STEPS = {"sa": 30, "xsa": 15}
 
 
 def shared_trained_runs(tmp_path_factory, data_dir, worker_id):
