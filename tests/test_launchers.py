@@ -35,7 +35,7 @@ def install_fake(name, path):
     with open(os.path.join(FAKES_DIR, name)) as f:
         shebang, source = f.read().split("\n", 1)
     assert shebang.startswith("#!"), f"tests/fakes/{name} has no shebang"
-    path.write_text(f"#!{sys.executable}\n" + source)
+    path.write_text(f"#!{sys.executable} -S\n" + source)  # -S: the fakes use the standard library alone
     path.chmod(0o755)
 
 
